@@ -1,0 +1,66 @@
+"""The application factory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+from app.catalog.registry import init_catalog
+from app.encoding import OrjsonProvider
+from app.errors import register_errorhandlers
+from app.extensions import db, migrate
+from config.settings import config_class, instance_defaults, settings_from_environment
+
+MIGRATIONS_DIRECTORY = str(Path(__file__).parent / "migrations")
+
+
+def create_app(config_name: str | None = None, overrides: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app for ``config_name`` (or APP_ENV), environment and ``overrides`` applied."""
+    app = Flask(__name__, instance_relative_config=True)
+    app.json = OrjsonProvider(app)
+    app.config.from_object(config_class(config_name))
+    app.config.update(settings_from_environment(os.environ))
+    app.config.update(overrides or {})
+    app.config.update(instance_defaults(app.config, app.instance_path))
+    configure_logging(app)
+    register_extensions(app)
+    register_blueprints(app)
+    register_errorhandlers(app)
+    register_commands(app)
+    return app
+
+
+def configure_logging(app: Flask) -> None:
+    """Log to stderr at INFO, where gunicorn and the platform collect it."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def register_extensions(app: Flask) -> None:
+    """Bind the database, migrations and the model catalog."""
+    db.init_app(app)
+    migrate.init_app(app, db, directory=MIGRATIONS_DIRECTORY)
+    init_catalog(app)
+
+
+def register_blueprints(app: Flask) -> None:
+    """Mount the API under /v1 and the probes at the root."""
+    from app import health
+    from app.catalog import views as catalog_views
+    from app.completions import views as completion_views
+
+    app.register_blueprint(health.bp)
+    app.register_blueprint(catalog_views.bp, url_prefix="/v1")
+    app.register_blueprint(completion_views.bp, url_prefix="/v1")
+
+
+def register_commands(app: Flask) -> None:
+    """Add the operator commands to ``flask``."""
+    from app import cli
+
+    cli.register(app)

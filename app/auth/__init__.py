@@ -1,0 +1,1 @@
+"""API keys: issuing them, storing their digest, and finding the caller of a request."""

@@ -1,0 +1,43 @@
+"""Require a valid API key on a view, and put its caller in ``g.caller``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from flask import g, request
+
+from app.auth.errors import InvalidKey, KeyRevoked
+from app.auth.keys import find_caller
+from app.auth.models import ACTIVE
+
+
+def bearer_token(header: str | None) -> str | None:
+    """Return the token of an ``Authorization: Bearer <token>`` header, or None."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def require_api_key(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Refuse the request with 401/403 unless it carries an active key.
+
+    :raise InvalidKey: the key is missing, malformed or unknown.
+    :raise KeyRevoked: the key was revoked.
+    """
+
+    @functools.wraps(view)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        caller = find_caller(bearer_token(request.headers.get("Authorization")))
+        if caller is None:
+            raise InvalidKey()
+        if caller.state != ACTIVE:
+            raise KeyRevoked()
+        g.caller = caller
+        return view(*args, **kwargs)
+
+    return wrapped

@@ -1,0 +1,208 @@
+"""Load the TOML catalog once at start, validate it whole, and resolve bare model ids."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, current_app
+
+from app.catalog.errors import CatalogError, UnknownModel
+from app.credits.pricing import Pricing
+from app.providers import ADAPTERS
+from app.providers.base import Adapter, RouteTarget, UpstreamConfig
+
+CAPABILITIES = frozenset({"tools", "json_schema", "reasoning", "vision"})
+BUILTIN_UPSTREAM = "builtin"
+DEFAULT_CREATED = 1_700_000_000
+UPSTREAM_KEYS = frozenset(
+    {"kind", "base_url", "api_key_env", "connect_timeout", "read_timeout", "retries"}
+)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One place a model runs: an upstream's adapter and the model's name there."""
+
+    adapter: Adapter
+    target: RouteTarget
+
+
+@dataclass(frozen=True)
+class Model:
+    """A catalog entry as callers see it, with the routes that serve it."""
+
+    id: str
+    owned_by: str
+    context_length: int
+    max_output_tokens: int
+    capabilities: frozenset[str]
+    pricing: Pricing
+    routes: tuple[Route, ...]
+    created: int = DEFAULT_CREATED
+
+    def to_dict(self) -> dict[str, Any]:
+        """Render as an entry of GET /v1/models."""
+        return {
+            "id": self.id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": self.owned_by,
+            "context_length": self.context_length,
+            "max_output_tokens": self.max_output_tokens,
+            "capabilities": sorted(self.capabilities),
+            "pricing": self.pricing.to_dict(),
+        }
+
+
+@dataclass
+class Catalog:
+    """The enabled, routable models by id."""
+
+    path: str
+    models: dict[str, Model] = field(default_factory=dict)
+
+    def resolve(self, model_id: str) -> Model:
+        """Return the model served under ``model_id``; raise UnknownModel otherwise."""
+        model = self.models.get(model_id) if isinstance(model_id, str) else None
+        if model is None:
+            raise UnknownModel(model_id)
+        return model
+
+    def list(self) -> list[Model]:
+        """Every served model, in catalog order."""
+        return list(self.models.values())
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    """Parse and validate the catalog at ``path``; raise CatalogError naming what is wrong."""
+    path = str(path)
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file, parse_float=Decimal)
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot be read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: is not valid TOML ({exc})") from None
+    return build_catalog(document, path)
+
+
+def build_catalog(document: Mapping[str, Any], path: str = "<catalog>") -> Catalog:
+    """Build a Catalog from a parsed TOML document."""
+    adapters = _build_adapters(document.get("upstreams", {}), path)
+    catalog = Catalog(path=path)
+    for index, entry in enumerate(document.get("models", [])):
+        where = f"{path}: models[{index}]" + (f" ({entry['id']})" if "id" in entry else "")
+        model = _build_model(entry, adapters, where)
+        if model is None:
+            continue
+        if model.id in catalog.models:
+            raise CatalogError(f"{where}: the id is listed twice")
+        catalog.models[model.id] = model
+    return catalog
+
+
+def _build_adapters(upstreams: Mapping[str, Any], path: str) -> dict[str, Adapter]:
+    configs = {BUILTIN_UPSTREAM: UpstreamConfig(name=BUILTIN_UPSTREAM, kind="builtin")}
+    for name, entry in upstreams.items():
+        where = f"{path}: upstreams.{name}"
+        kind = entry.get("kind")
+        if kind not in ADAPTERS:
+            raise CatalogError(f"{where}: kind must be one of {', '.join(sorted(ADAPTERS))}")
+        if kind != "builtin" and not entry.get("base_url"):
+            raise CatalogError(f"{where}: base_url is required")
+        configs[name] = UpstreamConfig(
+            name=name,
+            kind=kind,
+            base_url=entry.get("base_url"),
+            api_key_env=entry.get("api_key_env"),
+            connect_timeout=float(entry.get("connect_timeout", 3)),
+            read_timeout=float(entry.get("read_timeout", 300)),
+            retries=int(entry.get("retries", 2)),
+            options={key: value for key, value in entry.items() if key not in UPSTREAM_KEYS},
+        )
+    return {name: ADAPTERS[config.kind](config) for name, config in configs.items()}
+
+
+def _build_model(
+    entry: Mapping[str, Any], adapters: Mapping[str, Adapter], where: str
+) -> Model | None:
+    model_id = entry.get("id")
+    if not isinstance(model_id, str) or not model_id or "/" in model_id:
+        raise CatalogError(f"{where}: id must be a bare model id (no provider prefix)")
+    capabilities = frozenset(entry.get("capabilities", []))
+    if unknown := capabilities - CAPABILITIES:
+        raise CatalogError(f"{where}: unknown capabilities {sorted(unknown)}")
+    max_output = _positive_int(entry, "max_output_tokens", where, default=4096)
+    routes = tuple(
+        _build_route(route, adapters, capabilities, max_output, entry, f"{where}: routes[{i}]")
+        for i, route in enumerate(entry.get("routes", []))
+    )
+    pricing = _build_pricing(entry.get("pricing"), where)
+    if not routes or not entry.get("enabled", True):
+        return None
+    return Model(
+        id=model_id,
+        owned_by=str(entry.get("owned_by", "system")),
+        context_length=_positive_int(entry, "context_length", where, default=8192),
+        max_output_tokens=max_output,
+        capabilities=capabilities,
+        pricing=pricing,
+        routes=routes,
+    )
+
+
+def _build_route(
+    route: Mapping[str, Any],
+    adapters: Mapping[str, Adapter],
+    capabilities: frozenset[str],
+    max_output: int,
+    entry: Mapping[str, Any],
+    where: str,
+) -> Route:
+    upstream = route.get("upstream")
+    if upstream not in adapters:
+        raise CatalogError(f"{where}: unknown upstream {upstream!r}")
+    target = RouteTarget(
+        upstream_model=str(route.get("model") or entry["id"]),
+        capabilities=capabilities,
+        extra_params=frozenset(entry.get("extra_params", [])),
+        max_output_tokens=max_output,
+    )
+    return Route(adapter=adapters[upstream], target=target)
+
+
+def _build_pricing(pricing: Any, where: str) -> Pricing:
+    if not isinstance(pricing, Mapping):
+        raise CatalogError(f"{where}: pricing is required")
+    for required in ("prompt", "completion"):
+        if required not in pricing:
+            raise CatalogError(f"{where}: pricing.{required} is required")
+    prices = {}
+    for kind in ("prompt", "completion", "cached_read", "image"):
+        raw = pricing.get(kind, pricing["prompt"])
+        if isinstance(raw, bool) or not isinstance(raw, int | Decimal) or raw < 0:
+            raise CatalogError(f"{where}: pricing.{kind} must be a non-negative number")
+        prices[kind] = Decimal(raw)
+    return Pricing(**prices)
+
+
+def _positive_int(entry: Mapping[str, Any], key: str, where: str, *, default: int) -> int:
+    value = entry.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CatalogError(f"{where}: {key} must be a positive integer")
+    return value
+
+
+def current_catalog() -> Catalog:
+    """Return the catalog the running app loaded at start."""
+    return current_app.extensions["catalog"]
+
+
+def init_catalog(app: Flask) -> None:
+    """Load the app's catalog once, at start; raise CatalogError if it cannot be served."""
+    app.extensions["catalog"] = load_catalog(app.config["MODEL_CATALOG"])

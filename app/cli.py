@@ -1,0 +1,186 @@
+"""Operator commands: ``flask accounts|credits|keys|catalog|ledger ...``.
+
+Each command parses its arguments, calls one domain function and echoes the result.
+A command that issues a key prints the value alone on the last line of stdout, so that
+``KEY=$(flask keys create ... | tail -1)`` works. Wrong input: one line on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal, InvalidOperation
+
+import click
+from flask import Flask
+from flask.cli import AppGroup
+
+from app.auth import keys
+from app.auth.errors import KeyNotFound
+from app.catalog.registry import current_catalog
+from app.credits import ledger
+from app.credits.accounts import (
+    AccountExists,
+    AccountNotFound,
+    create_account,
+    find_account,
+    find_account_or_raise,
+)
+from app.credits.errors import IdempotencyConflict
+
+accounts_cli = AppGroup("accounts", help="Create accounts.")
+credits_cli = AppGroup("credits", help="Add credits to accounts.")
+keys_cli = AppGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
+catalog_cli = AppGroup("catalog", help="Inspect the model catalog.")
+demo_cli = AppGroup("demo", help="Set up the demo account of a fresh checkout.")
+
+DEMO_EMAIL = "demo@example.com"
+DEMO_CREDITS = Decimal("10")
+
+
+class UsdAmount(click.ParamType):
+    """A positive USD amount, parsed exactly."""
+
+    name = "usd"
+
+    def convert(self, value: object, param: object, ctx: object) -> Decimal:
+        """Parse ``value`` as a Decimal amount > 0."""
+        try:
+            amount = Decimal(str(value))
+        except InvalidOperation:
+            self.fail(f"{value!r} is not an amount in USD")
+        if not amount.is_finite() or amount <= 0:
+            self.fail(f"{value!r} must be a positive amount in USD")
+        return amount
+
+
+USD = UsdAmount()
+
+
+@contextmanager
+def operator_errors() -> Iterator[None]:
+    """Turn the domain's refusals into one line on stderr and exit status 1."""
+    try:
+        yield
+    except (AccountNotFound, AccountExists, KeyNotFound, IdempotencyConflict) as error:
+        raise click.ClickException(str(error)) from None
+
+
+@accounts_cli.command("create")
+@click.argument("email")
+@click.option("--credits", "amount", type=USD, help="Initial credits in USD.")
+@click.option("--admin", is_flag=True, help="Make the account an administrator.")
+def create_account_command(email: str, amount: Decimal | None, admin: bool) -> None:
+    """Create an account, optionally with credits."""
+    with operator_errors():
+        account = create_account(email=email, is_admin=admin)
+        if amount:
+            ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
+    click.echo(f"created account {account.id} {email} balance=${account.balance:f}")
+
+
+@credits_cli.command("grant")
+@click.argument("email")
+@click.argument("amount", type=USD)
+@click.option("--idempotency-key", help="Apply this grant once, however often it is sent.")
+def grant_command(email: str, amount: Decimal, idempotency_key: str | None) -> None:
+    """Add AMOUNT USD of credits to the account EMAIL."""
+    with operator_errors():
+        account = find_account_or_raise(email)
+        _, applied = ledger.grant_credits(
+            account_id=account.id, amount=amount, idempotency_key=idempotency_key
+        )
+    state = "granted" if applied else "already granted"
+    click.echo(f"{state} ${amount:f} to {email}; balance=${account.balance:f}")
+
+
+@keys_cli.command("create")
+@click.argument("email")
+@click.option("--name", required=True, help="A name to recognise the key by.")
+def create_key_command(email: str, name: str) -> None:
+    """Issue a key for EMAIL; its value is printed once, alone on the last line."""
+    with operator_errors():
+        issued = keys.create_key(email=email, name=name)
+    click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email}")
+    click.echo(issued.value)
+
+
+@keys_cli.command("rotate")
+@click.argument("key_id", type=int)
+def rotate_key_command(key_id: int) -> None:
+    """Give KEY_ID a new value (printed once, on the last line); the old one fails at once."""
+    with operator_errors():
+        issued = keys.rotate_key(key_id)
+    click.echo(f"rotated key {issued.id} ({issued.display_prefix}...)")
+    click.echo(issued.value)
+
+
+@keys_cli.command("revoke")
+@click.argument("key_id", type=int)
+def revoke_key_command(key_id: int) -> None:
+    """Revoke KEY_ID: kept, but refused with 403."""
+    with operator_errors():
+        keys.revoke_key(key_id)
+    click.echo(f"revoked key {key_id}")
+
+
+@keys_cli.command("delete")
+@click.argument("key_id", type=int)
+def delete_key_command(key_id: int) -> None:
+    """Delete KEY_ID for good."""
+    with operator_errors():
+        keys.delete_key(key_id)
+    click.echo(f"deleted key {key_id}")
+
+
+@keys_cli.command("list")
+@click.argument("email")
+def list_keys_command(email: str) -> None:
+    """List the keys of EMAIL: id, name, display prefix, state, created, last used."""
+    with operator_errors():
+        rows = keys.list_keys(email)
+    click.echo("id\tname\tprefix\tstate\tcreated\tlast_used")
+    for key in rows:
+        last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
+        click.echo(
+            f"{key.id}\t{key.name}\t{key.display_prefix}...\t{key.state}\t"
+            f"{key.created_at.isoformat()}\t{last_used}"
+        )
+
+
+@catalog_cli.command("list")
+def list_catalog_command() -> None:
+    """List the served models, with prices (USD per million tokens) and routes."""
+    click.echo("id\tprompt\tcompletion\tcached_read\timage\tcontext\tcapabilities\troutes")
+    for model in current_catalog().list():
+        p = model.pricing
+        routes = ",".join(
+            f"{r.adapter.upstream.name}:{r.target.upstream_model}" for r in model.routes
+        )
+        click.echo(
+            f"{model.id}\t{p.prompt}\t{p.completion}\t{p.cached_read}\t{p.image}\t"
+            f"{model.context_length}\t{','.join(sorted(model.capabilities)) or '-'}\t{routes}"
+        )
+
+
+@demo_cli.command("setup")
+def demo_setup_command() -> None:
+    """Create the demo account with credits and print its key, once; later runs print none."""
+    if find_account(DEMO_EMAIL) is not None:
+        click.echo(f"the demo account {DEMO_EMAIL} exists; its key was printed when it was made")
+        click.echo(f"(a new one: flask keys create {DEMO_EMAIL} --name another)")
+        return
+    account = create_account(email=DEMO_EMAIL)
+    ledger.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
+    issued = keys.create_key(email=DEMO_EMAIL, name="demo")
+    click.echo(f"demo account {DEMO_EMAIL} with ${DEMO_CREDITS} of credits; its API key:")
+    click.echo(issued.value)
+
+
+GROUPS: tuple[AppGroup, ...] = (accounts_cli, credits_cli, keys_cli, catalog_cli, demo_cli)
+
+
+def register(app: Flask, groups: tuple[AppGroup, ...] = GROUPS) -> None:
+    """Add the command groups to ``app.cli``."""
+    for group in groups:
+        app.cli.add_command(group)

@@ -1,0 +1,302 @@
+"""A generation's life: hold its worst case, run it on the model's routes, settle it once.
+
+Streamed and whole answers end in the same ``finish_generation``, which charges the
+actual cost and writes the generation record in one transaction, so a caller that
+disconnects mid-stream is still billed exactly once, for what was produced.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Insert, insert
+
+from app.auth.keys import Caller, touch_key_statement
+from app.catalog.registry import Model
+from app.completions.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
+from app.completions.models import Generation as GenerationRecord
+from app.credits.errors import InsufficientCredits
+from app.credits.ledger import HeldCredit, Shortfall, place_hold, settle_hold
+from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
+from app.errors import APIError
+from app.providers.base import ChatRequest, Chunk, Completion, Usage
+from app.providers.router import complete_on_routes, stream_on_routes
+
+COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+@dataclass
+class Generation:
+    """A request in flight: who pays, what runs, and the credit held for it."""
+
+    id: str
+    caller: Caller
+    model: Model
+    request: ChatRequest
+    hold: HeldCredit
+    prompt_tokens: int
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
+    settled: bool = False
+
+
+def start_generation(
+    *, caller: Caller, model: Model, request: ChatRequest, hold_ttl_seconds: int
+) -> Generation:
+    """Fit the request to the model and hold its worst-case cost.
+
+    :raise UnsupportedContent, ContextLengthExceeded, OutputLimitExceeded: 400.
+    :raise InsufficientCredits: the available balance cannot cover the worst case.
+    """
+    request = fit_request_to_model(request, model)
+    route = model.routes[0]
+    prompt_tokens = route.adapter.count_prompt_tokens(request, route.target)
+    if prompt_tokens > model.context_length:
+        raise ContextLengthExceeded(
+            f"The prompt has {prompt_tokens} tokens; model '{model.id}' takes at most "
+            f"{model.context_length}.",
+            param="messages",
+        )
+    completion_tokens = (request.max_output_tokens or model.max_output_tokens) * (
+        request.choice_count
+    )
+    worst = worst_case_cost(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=model.pricing
+    )
+    held = place_hold(account_id=caller.account_id, amount=worst, ttl_seconds=hold_ttl_seconds)
+    if isinstance(held, Shortfall):
+        raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
+    return Generation(
+        id="chatcmpl-" + secrets.token_hex(12),
+        caller=caller,
+        model=model,
+        request=request,
+        hold=held,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
+    """Refuse what the model cannot take; drop tool fields a model without tools ignores."""
+    if "vision" not in model.capabilities:
+        _refuse_images(request, model)
+    requested_output = request.max_output_tokens
+    if requested_output is not None and requested_output > model.max_output_tokens:
+        param = (
+            "max_completion_tokens" if "max_completion_tokens" in request.params else "max_tokens"
+        )
+        raise OutputLimitExceeded(
+            f"{param} is too large: {requested_output}. Model '{model.id}' produces at most "
+            f"{model.max_output_tokens} completion tokens.",
+            param=param,
+        )
+    if "tools" not in model.capabilities and any(p in request.params for p in TOOL_PARAMS):
+        params = {k: v for k, v in request.params.items() if k not in TOOL_PARAMS}
+        request = replace(request, params=params)
+    return request
+
+
+def _refuse_images(request: ChatRequest, model: Model) -> None:
+    for i, message in enumerate(request.messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if part.get("type") == "image_url":
+                raise UnsupportedContent(
+                    f"Model '{model.id}' does not accept image input.",
+                    param=f"messages[{i}].content[{j}]",
+                )
+
+
+def insufficient_credits(
+    shortfall: Shortfall, *, model: Model, request: ChatRequest, prompt_tokens: int
+) -> InsufficientCredits:
+    """Explain a refused hold, with the largest max_tokens the balance would cover."""
+    affordable = (
+        affordable_completion_tokens(
+            budget=shortfall.available, prompt_tokens=prompt_tokens, pricing=model.pricing
+        )
+        // request.choice_count
+    )
+    message = (
+        f"Insufficient credits: this request may cost up to ${shortfall.requested:f} "
+        f"but the available balance is ${max(shortfall.available, Decimal(0)):f}."
+    )
+    if affordable > 0:
+        message += f" Set max_tokens to at most {affordable}, or add credits."
+    else:
+        message += " Add credits to continue."
+    return InsufficientCredits(message)
+
+
+def run_completion(generation: Generation) -> dict[str, Any]:
+    """Run the generation to the end, settle it, and return the response body."""
+    try:
+        completion = complete_on_routes(generation.model.routes, generation.request)
+    except BaseException:
+        finish_generation(generation, usage=Usage(), status=FAILED, finish_reason=None)
+        raise
+    finish_reason = completion.choices[0].get("finish_reason") if completion.choices else None
+    cost = finish_generation(
+        generation, usage=completion.usage, status=COMPLETED, finish_reason=finish_reason
+    )
+    return completion_body(generation, completion, cost)
+
+
+def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
+    """Yield the generation's chunk bodies; settle once, however the stream ends."""
+    meter = StreamMeter(generation)
+    status = CANCELLED
+    try:
+        for chunk in stream_on_routes(generation.model.routes, generation.request):
+            if chunk.usage is not None:
+                meter.usage = chunk.usage
+            if chunk.choices:
+                meter.observe(chunk)
+                yield chunk_body(generation, chunk.choices, chunk.system_fingerprint)
+        status = COMPLETED
+        cost = finish_generation(
+            generation, usage=meter.final_usage(), status=status, finish_reason=meter.finish_reason
+        )
+        if generation.request.include_usage:
+            yield usage_chunk_body(generation, meter.final_usage(), cost)
+    except APIError:
+        status = FAILED
+        raise
+    finally:
+        if not generation.settled:
+            finish_generation(
+                generation,
+                usage=meter.final_usage(),
+                status=status,
+                finish_reason=meter.finish_reason,
+            )
+
+
+class StreamMeter:
+    """What a stream delivered: the upstream's usage if it sent one, else a count of the text."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self._pieces: list[str] = []
+
+    def observe(self, chunk: Chunk) -> None:
+        """Remember the generated text and the finish reason of a delivered chunk."""
+        for choice in chunk.choices:
+            delta = choice.get("delta") or {}
+            for key in ("content", "reasoning"):
+                if text := delta.get(key):
+                    self._pieces.append(text)
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))
+            if choice.get("finish_reason") and self.finish_reason is None:
+                self.finish_reason = choice["finish_reason"]
+
+    def final_usage(self) -> Usage:
+        """Return the upstream's usage, or an estimate from what was delivered."""
+        if self.usage is not None:
+            return self.usage
+        if not self._pieces:
+            return Usage()
+        route = self.generation.model.routes[0]
+        completion = route.adapter.count_text_tokens("".join(self._pieces), route.target)
+        return Usage(
+            prompt_tokens=self.generation.prompt_tokens,
+            completion_tokens=completion,
+            estimated=True,
+        )
+
+
+def finish_generation(
+    generation: Generation, *, usage: Usage, status: str, finish_reason: str | None
+) -> Decimal:
+    """Charge the actual cost and write the generation record, once; return the charge."""
+    if usage.total_tokens == 0:
+        usage = Usage()
+    charged = settle_hold(
+        generation.hold,
+        cost=cost_of(usage, generation.model.pricing),
+        generation_id=generation.id,
+        records=lambda charge: (
+            generation_record(generation, usage, charge, status, finish_reason),
+            touch_key_statement(generation.caller.key_id),
+        ),
+    )
+    generation.settled = True
+    return charged
+
+
+def generation_record(
+    generation: Generation, usage: Usage, cost: Decimal, status: str, finish_reason: str | None
+) -> Insert:
+    """Build the INSERT of the generation's record."""
+    return insert(GenerationRecord).values(
+        id=generation.id,
+        account_id=generation.caller.account_id,
+        api_key_id=generation.caller.key_id,
+        model=generation.model.id,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        prompt_image_tokens=usage.prompt_image_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        cost=cost,
+        status=status,
+        finish_reason=finish_reason,
+        streamed=generation.request.stream,
+        estimated=usage.estimated,
+        latency_ms=int((time.monotonic() - generation.started) * 1000),
+    )
+
+
+def usage_body(usage: Usage, cost: Decimal) -> dict[str, Any]:
+    """Render the contract's Usage, with the cost charged."""
+    body = usage.to_dict()
+    body["cost"] = {"total_cost": cost}
+    return body
+
+
+def completion_body(
+    generation: Generation, completion: Completion, cost: Decimal
+) -> dict[str, Any]:
+    """Build the ChatCompletionResponse."""
+    return {
+        "id": generation.id,
+        "object": "chat.completion",
+        "created": generation.created,
+        "model": generation.model.id,
+        "choices": completion.choices,
+        "usage": usage_body(completion.usage, cost),
+        "system_fingerprint": completion.system_fingerprint,
+    }
+
+
+def chunk_body(
+    generation: Generation, choices: list[dict[str, Any]], system_fingerprint: str | None = None
+) -> dict[str, Any]:
+    """Build a ChatCompletionChunk carrying ``choices``."""
+    return {
+        "id": generation.id,
+        "object": "chat.completion.chunk",
+        "created": generation.created,
+        "model": generation.model.id,
+        "system_fingerprint": system_fingerprint,
+        "choices": choices,
+    }
+
+
+def usage_chunk_body(generation: Generation, usage: Usage, cost: Decimal) -> dict[str, Any]:
+    """Build the final chunk of a stream whose caller asked for usage."""
+    body = chunk_body(generation, [])
+    body["usage"] = usage_body(usage, cost)
+    return body

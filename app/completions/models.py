@@ -1,0 +1,38 @@
+"""The record of every generation: what was asked, produced, and charged."""
+
+from __future__ import annotations
+
+from sqlalchemy import ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.database import Money, UTCDateTime, utcnow
+from app.extensions import db
+
+
+class Generation(db.Model):
+    """One chat completion, written once, in the transaction that charges it.
+
+    ``api_key_id`` is cleared when the key is deleted; the record stays for the account.
+    ``estimated`` marks token counts the gateway had to count itself.
+    """
+
+    __tablename__ = "generations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    api_key_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
+    )
+    model: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_image_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost = mapped_column(Money, nullable=False, default=0)
+    status: Mapped[str] = mapped_column(String(16))
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    streamed: Mapped[bool] = mapped_column(default=False)
+    estimated: Mapped[bool] = mapped_column(default=False)
+    latency_ms: Mapped[int] = mapped_column(Integer, default=0)
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow, index=True)

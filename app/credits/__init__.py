@@ -1,0 +1,1 @@
+"""Money: prices, balances, holds and the ledger."""

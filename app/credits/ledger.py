@@ -1,0 +1,252 @@
+"""Balance changes: grants, holds and settlement, each one transaction with one commit.
+
+The invariants: an account's ``balance`` equals the sum of its ledger entries; its
+``reserved`` equals the sum of its open holds; ``balance - reserved`` never goes below
+zero. Every change to a balance is a conditional UPDATE plus a ledger INSERT committed
+together, so concurrent requests cannot overspend and no charge is lost or doubled.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+
+from sqlalchemy import Executable, func, insert, literal, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.credits.errors import IdempotencyConflict
+from app.credits.models import Account, Hold, LedgerEntry
+from app.database import Money, utcnow
+from app.extensions import db
+
+GRANT = "grant"
+CHARGE = "charge"
+OPEN, SETTLED, EXPIRED = "open", "settled", "expired"
+
+
+@dataclass(frozen=True)
+class HeldCredit:
+    """An open hold: credit set aside for one request."""
+
+    id: str
+    account_id: int
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a hold could not be placed: what was asked and what was available."""
+
+    requested: Decimal
+    available: Decimal
+
+
+def grant_credits(
+    *,
+    account_id: int,
+    amount: Decimal,
+    idempotency_key: str | None = None,
+    description: str | None = None,
+) -> tuple[LedgerEntry, bool]:
+    """Add ``amount`` USD to the balance; return the entry and whether it is new.
+
+    A grant repeated with the same idempotency key is applied once: the first entry is
+    returned. :raise IdempotencyConflict: the key was used for a different amount.
+    """
+    if amount <= 0:
+        raise ValueError("a grant must be a positive amount")
+    if idempotency_key and (entry := _grant_by_key(account_id, idempotency_key)):
+        return _same_grant_or_raise(entry, amount), False
+    entry = LedgerEntry(
+        account_id=account_id,
+        kind=GRANT,
+        amount=amount,
+        idempotency_key=idempotency_key,
+        description=description,
+    )
+    db.session.add(entry)
+    db.session.execute(
+        update(Account).where(Account.id == account_id).values(balance=Account.balance + amount)
+    )
+    try:
+        db.session.commit()
+    except IntegrityError:
+        # A concurrent grant with the same key won the race: return its entry.
+        db.session.rollback()
+        if idempotency_key and (entry := _grant_by_key(account_id, idempotency_key)):
+            return _same_grant_or_raise(entry, amount), False
+        raise
+    return entry, True
+
+
+def _grant_by_key(account_id: int, idempotency_key: str) -> LedgerEntry | None:
+    return db.session.scalar(
+        select(LedgerEntry).where(
+            LedgerEntry.account_id == account_id,
+            LedgerEntry.idempotency_key == idempotency_key,
+        )
+    )
+
+
+def _same_grant_or_raise(entry: LedgerEntry, amount: Decimal) -> LedgerEntry:
+    if entry.kind != GRANT or entry.amount != amount:
+        raise IdempotencyConflict(
+            f"idempotency key {entry.idempotency_key!r} was used for a grant of {entry.amount}"
+        )
+    return entry
+
+
+def place_hold(*, account_id: int, amount: Decimal, ttl_seconds: int) -> HeldCredit | Shortfall:
+    """Set ``amount`` aside for a request, or return the Shortfall if it cannot be covered.
+
+    Holds left behind by dead workers are released first when they stand in the way.
+    """
+    hold = _try_place_hold(account_id, amount, ttl_seconds)
+    if hold is None and release_expired_holds(account_id=account_id):
+        hold = _try_place_hold(account_id, amount, ttl_seconds)
+    if hold is None:
+        return Shortfall(requested=amount, available=available_balance(account_id))
+    return hold
+
+
+def _try_place_hold(account_id: int, amount: Decimal, ttl_seconds: int) -> HeldCredit | None:
+    reserved = db.session.execute(
+        update(Account)
+        # The arithmetic's type is the integer column's, not Money: bind the amount as Money.
+        .where(
+            Account.id == account_id, Account.balance - Account.reserved >= literal(amount, Money)
+        )
+        .values(reserved=Account.reserved + amount)
+    )
+    if reserved.rowcount != 1:
+        db.session.rollback()
+        return None
+    hold_id = secrets.token_hex(16)
+    now = utcnow()
+    db.session.execute(
+        insert(Hold).values(
+            id=hold_id,
+            account_id=account_id,
+            amount=amount,
+            status=OPEN,
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_seconds),
+        )
+    )
+    db.session.commit()
+    return HeldCredit(id=hold_id, account_id=account_id, amount=amount)
+
+
+def available_balance(account_id: int) -> Decimal:
+    """Return the balance minus open holds."""
+    row = db.session.execute(
+        select(Account.balance, Account.reserved).where(Account.id == account_id)
+    ).one()
+    db.session.commit()
+    return row.balance - row.reserved
+
+
+def settle_hold(
+    hold: HeldCredit,
+    *,
+    cost: Decimal,
+    generation_id: str,
+    records: Callable[[Decimal], Sequence[Executable]] = lambda charge: (),
+) -> Decimal:
+    """Replace ``hold`` by a charge of ``cost`` (at most the hold); return the charge.
+
+    ``records(charge)`` gives the statements that must be committed with the charge or
+    not at all (the generation record, the key's last use). A hold that expired
+    meanwhile is charged from the balance, never below zero.
+    """
+    released = db.session.execute(
+        update(Hold).where(Hold.id == hold.id, Hold.status == OPEN).values(status=SETTLED)
+    )
+    if released.rowcount == 1:
+        charge = min(cost, hold.amount)
+        reserved_change = hold.amount
+    else:
+        charge = min(cost, _locked_balance(hold.account_id))
+        reserved_change = Decimal(0)
+    db.session.execute(
+        update(Account)
+        .where(Account.id == hold.account_id)
+        .values(
+            balance=Account.balance - charge,
+            reserved=Account.reserved - reserved_change,
+        )
+    )
+    if charge > 0:
+        db.session.execute(
+            insert(LedgerEntry).values(
+                account_id=hold.account_id,
+                kind=CHARGE,
+                amount=-charge,
+                generation_id=generation_id,
+                created_at=utcnow(),
+            )
+        )
+    for statement in records(charge):
+        db.session.execute(statement)
+    db.session.commit()
+    return charge
+
+
+def _locked_balance(account_id: int) -> Decimal:
+    return db.session.scalar(
+        select(Account.balance).where(Account.id == account_id).with_for_update()
+    )
+
+
+def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:
+    """Push an open hold's expiry forward, for a request that is still alive."""
+    db.session.execute(
+        update(Hold)
+        .where(Hold.id == hold.id, Hold.status == OPEN)
+        .values(expires_at=utcnow() + timedelta(seconds=ttl_seconds))
+    )
+    db.session.commit()
+
+
+def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:
+    """Release open holds past their expiry (their worker died); return how many."""
+    query = select(Hold.id, Hold.account_id, Hold.amount).where(
+        Hold.status == OPEN, Hold.expires_at < utcnow()
+    )
+    if account_id is not None:
+        query = query.where(Hold.account_id == account_id)
+    expired = db.session.execute(query.limit(limit)).all()
+    db.session.commit()
+    released = 0
+    for row in expired:
+        released += _expire_hold(row.id, row.account_id, row.amount)
+    return released
+
+
+def _expire_hold(hold_id: str, account_id: int, amount: Decimal) -> int:
+    result = db.session.execute(
+        update(Hold).where(Hold.id == hold_id, Hold.status == OPEN).values(status=EXPIRED)
+    )
+    if result.rowcount != 1:
+        db.session.rollback()
+        return 0
+    db.session.execute(
+        update(Account).where(Account.id == account_id).values(reserved=Account.reserved - amount)
+    )
+    db.session.commit()
+    return 1
+
+
+def ledger_sums(account_id: int) -> tuple[Decimal, Decimal]:
+    """Return (total granted, total charged) for the account, both positive."""
+    rows = db.session.execute(
+        select(LedgerEntry.kind, func.coalesce(func.sum(LedgerEntry.amount), 0))
+        .where(LedgerEntry.account_id == account_id)
+        .group_by(LedgerEntry.kind)
+    ).all()
+    db.session.commit()
+    sums = {kind: total for kind, total in rows}
+    return sums.get(GRANT, Decimal(0)), -sums.get(CHARGE, Decimal(0))

@@ -1,0 +1,71 @@
+"""Accounts, their holds and the append-only ledger of balance changes."""
+
+from __future__ import annotations
+
+from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.database import Money, UTCDateTime, utcnow
+from app.extensions import db
+
+
+class Account(db.Model):
+    """Who pays: a balance, and the part of it held by requests in flight.
+
+    ``balance`` always equals the sum of the account's ledger entries; ``reserved`` is the
+    sum of its open holds. Both CHECKs are the last line of defence against overdraft:
+    the conditional UPDATEs in ``ledger`` are the first.
+    """
+
+    __tablename__ = "accounts"
+    __table_args__ = (
+        CheckConstraint("balance >= 0", name="balance_not_negative"),
+        CheckConstraint("reserved >= 0", name="reserved_not_negative"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    balance = mapped_column(Money, nullable=False, default=0)
+    reserved = mapped_column(Money, nullable=False, default=0)
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+
+
+class LedgerEntry(db.Model):
+    """One change of an account's balance: a grant (positive) or a charge (negative).
+
+    Rows are only ever inserted. A charge names its generation, and a generation can be
+    charged once (unique ``generation_id``); a grant may carry the operator's idempotency
+    key, unique per account.
+    """
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (UniqueConstraint("account_id", "idempotency_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    amount = mapped_column(Money, nullable=False)
+    generation_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    description: Mapped[str | None] = mapped_column(String(255))
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+
+
+class Hold(db.Model):
+    """Credit set aside for one request in flight, at its worst-case cost.
+
+    A hold is open until the request settles (``settled``) or until it expires because
+    the worker serving it died (``expired``); only open holds count in
+    ``Account.reserved``.
+    """
+
+    __tablename__ = "holds"
+    __table_args__ = (Index("ix_holds_status_expires_at", "status", "expires_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    amount = mapped_column(Money, nullable=False)
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+    expires_at = mapped_column(UTCDateTime, nullable=False)

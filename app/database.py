@@ -1,0 +1,74 @@
+"""Column types and engine settings shared by every package's models."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.types import TypeDecorator
+
+from app.credits.pricing import MONEY_QUANTUM, to_money
+
+UNITS_PER_USD = int(1 / MONEY_QUANTUM)
+
+
+class Money(TypeDecorator):
+    """USD as Decimal in Python, stored as an exact integer count of MONEY_QUANTUM.
+
+    Integers keep money exact on SQLite too, whose NUMERIC is a float, and let the
+    balance checks run as plain integer comparisons inside one UPDATE.
+    """
+
+    impl = BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: Decimal | int | None, dialect: Any) -> int | None:
+        """Decimal USD -> integer units."""
+        if value is None:
+            return None
+        return int(to_money(Decimal(value)) * UNITS_PER_USD)
+
+    def process_result_value(self, value: int | None, dialect: Any) -> Decimal | None:
+        """Integer units -> Decimal USD."""
+        if value is None:
+            return None
+        return Decimal(value) / UNITS_PER_USD
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite keeps no zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        """Store naive UTC."""
+        if value is None:
+            return None
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        """Read back as aware UTC."""
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC)
+
+
+def utcnow() -> datetime:
+    """Return the current time, aware, in UTC."""
+    return datetime.now(UTC)
+
+
+@event.listens_for(Engine, "connect")
+def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
+    # WAL lets readers run beside the one writer; busy_timeout makes concurrent writers
+    # wait their turn instead of failing at once with "database is locked".
+    if type(dbapi_connection).__module__.startswith("sqlite3"):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()

@@ -1,0 +1,43 @@
+"""JSON encoding for response bodies and stream events: fast, and exact for money.
+
+orjson is several times faster than the standard library on the hot path; money leaves
+the service as a JSON number only here, converted from Decimal at the last moment.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from flask.json.provider import JSONProvider
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        # The shortest float repr round-trips to the same decimal digits for the
+        # <= 15 significant digits a cost has, so the number written is exact.
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: Any) -> bytes:
+    """Encode ``value`` as compact UTF-8 JSON."""
+    return orjson.dumps(value, default=_default)
+
+
+def loads(data: bytes | str) -> Any:
+    """Decode JSON; raises ``orjson.JSONDecodeError`` (a ValueError) when malformed."""
+    return orjson.loads(data)
+
+
+class OrjsonProvider(JSONProvider):
+    """Make ``flask.jsonify`` and ``request.get_json`` use orjson."""
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        """Encode to str."""
+        return dumps(obj).decode()
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        """Decode from str or bytes."""
+        return loads(s)

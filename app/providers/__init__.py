@@ -1,0 +1,11 @@
+"""Adapters that turn a normalized chat request into an upstream's call.
+
+ADAPTERS maps the catalog's ``kind`` of an upstream to the class that speaks its protocol.
+"""
+
+from app.providers.base import Adapter
+from app.providers.builtin import BuiltinAdapter
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    BuiltinAdapter.kind: BuiltinAdapter,
+}

@@ -1,0 +1,166 @@
+"""Normalized request, result and chunk types, and the adapter interface every provider implements.
+
+Choices and deltas keep the OpenAI wire shape (plain dicts), because that is the public
+contract: an OpenAI-compatible upstream passes them through untouched, and the other
+adapters translate into that shape once. Only the parts the gateway itself reasons about
+(the request's limits, token usage) are typed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated chat completion request, as the caller sent it minus unknown fields.
+
+    ``params`` holds every optional field of the contract's ChatCompletionRequest that the
+    caller set (temperature, tools, response_format, ...), under its public name.
+    """
+
+    model: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The caller's cap on generated tokens per choice (max_completion_tokens wins)."""
+        return self.params.get("max_completion_tokens") or self.params.get("max_tokens")
+
+    @property
+    def choice_count(self) -> int:
+        """How many choices were asked for (``n``)."""
+        return self.params.get("n") or 1
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one generation, summed over its choices.
+
+    ``prompt_tokens`` includes ``cached_tokens`` and ``prompt_image_tokens``;
+    ``completion_tokens`` includes ``reasoning_tokens`` and ``completion_image_tokens``.
+    ``estimated`` is true when the gateway counted the tokens itself.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_image_tokens: int = 0
+    reasoning_tokens: int = 0
+    completion_image_tokens: int = 0
+    estimated: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """Render in the contract's Usage shape (without ``cost``, which billing adds)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cached_read_tokens": self.cached_tokens,
+                "image_tokens": self.prompt_image_tokens,
+            },
+            "completion_tokens_details": {
+                "reasoning_tokens": self.reasoning_tokens,
+                "image_tokens": self.completion_image_tokens,
+            },
+        }
+
+
+@dataclass
+class Completion:
+    """A whole answer: choices in the contract's Choice shape, and the usage they cost.
+
+    Each choice is ``{"index", "message": {...}, "finish_reason", "logprobs"}``.
+    """
+
+    choices: list[dict[str, Any]]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+@dataclass
+class Chunk:
+    """One streamed event: choice deltas in the contract's chunk shape, or the final usage.
+
+    Each choice is ``{"index", "delta": {...}, "finish_reason"}`` (plus ``logprobs`` when
+    asked for). An adapter ends its stream with a chunk whose ``usage`` is set (its
+    ``choices`` may be empty); the gateway decides whether the caller sees it.
+    """
+
+    choices: list[dict[str, Any]]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """Where an upstream is and how to reach it, as the catalog's ``[upstreams.NAME]`` says.
+
+    ``options`` holds the entry's other keys, for settings only one kind understands.
+    """
+
+    name: str
+    kind: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    connect_timeout: float = 3.0
+    read_timeout: float = 300.0
+    retries: int = 2
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouteTarget:
+    """What an adapter needs to know about the model it is asked to run on one upstream.
+
+    ``upstream_model`` is the upstream's own name for the model; ``extra_params`` names
+    request fields beyond the standard ones that this model accepts and that may be
+    forwarded; ``capabilities`` are the catalog's (tools, json_schema, reasoning, vision).
+    """
+
+    upstream_model: str
+    capabilities: frozenset[str] = frozenset()
+    extra_params: frozenset[str] = frozenset()
+    max_output_tokens: int | None = None
+
+
+class Adapter(ABC):
+    """Turns a ChatRequest into one upstream's protocol and back.
+
+    Adapters know nothing of accounts or billing: they return what the upstream produced,
+    and raise ``app.providers.errors.UpstreamError`` subclasses when it fails.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, upstream: UpstreamConfig) -> None:
+        self.upstream = upstream
+
+    @abstractmethod
+    def complete(self, request: ChatRequest, target: RouteTarget) -> Completion:
+        """Run the request to the end and return the whole answer."""
+
+    @abstractmethod
+    def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
+        """Run the request and yield its chunks as they arrive, usage last."""
+
+    @abstractmethod
+    def count_prompt_tokens(self, request: ChatRequest, target: RouteTarget) -> int:
+        """Count (or estimate) the prompt tokens of ``request``, to price the hold."""
+
+    @abstractmethod
+    def count_text_tokens(self, text: str, target: RouteTarget) -> int:
+        """Count (or estimate) the tokens of generated text, for billing a cut-off stream."""

@@ -1,0 +1,1 @@
+"""Operator configuration: settings classes, gunicorn settings and the model catalog."""

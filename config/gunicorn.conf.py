@@ -1,0 +1,38 @@
+"""Gunicorn settings: gevent workers, so long-lived streams do not hold a process each."""
+
+import os
+import sys
+
+bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+worker_class = "gevent"
+worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))
+# gevent workers heartbeat from their own loop; this only catches a truly stuck worker.
+timeout = 60
+graceful_timeout = 30
+# Longer than nginx's and load balancers' upstream keep-alive, so they close first.
+keepalive = 75
+accesslog = "-"
+errorlog = "-"
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+
+def on_starting(server):  # noqa: ANN001, ANN201
+    """Refuse to start, in one line, when the configuration or the catalog is wrong."""
+    sys.path.insert(0, os.getcwd())
+    from app.catalog.registry import load_catalog
+    from config.settings import ConfigurationError, config_class, settings_from_environment
+
+    try:
+        config_class()
+        settings = settings_from_environment(os.environ)
+        load_catalog(settings.get("MODEL_CATALOG", config_class().MODEL_CATALOG))
+    except ConfigurationError as error:
+        sys.exit(f"configuration error: {error}")
+
+
+def post_fork(server, worker):  # noqa: ANN001, ANN201
+    """Make psycopg2 cooperative, so a slow query yields to other greenlets."""
+    from psycogreen.gevent import patch_psycopg
+
+    patch_psycopg()

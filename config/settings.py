@@ -1,0 +1,132 @@
+"""Settings classes, one per environment, filled from the process environment in one place."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigurationError(Exception):
+    """The operator's configuration cannot be used; the message says what to fix."""
+
+
+class Config:
+    """Defaults shared by every environment."""
+
+    ENV_NAME = "base"
+    TESTING = False
+    SQLALCHEMY_DATABASE_URI: str | None = None
+    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_pre_ping": True}
+    SECRET_KEY: str | None = None
+    REDIS_URL: str | None = None
+    MODEL_CATALOG = str(PROJECT_ROOT / "config" / "models.toml")
+    # Base64 images make chat bodies large; beyond this the body is refused with 413.
+    MAX_CONTENT_LENGTH = 16 * 1024 * 1024
+    # A hold outlives its request only when the worker died; it is released after this long.
+    HOLD_TTL_SECONDS = 900
+    JSON_SORT_KEYS = False
+
+
+class DevelopmentConfig(Config):
+    """A laptop or a fresh checkout: SQLite in the instance folder, a generated secret."""
+
+    ENV_NAME = "development"
+
+
+class TestingConfig(Config):
+    """The test suite: its own database, given by the fixtures."""
+
+    ENV_NAME = "testing"
+    TESTING = True
+    SECRET_KEY = "testing-only-secret"
+
+
+class ProductionConfig(Config):
+    """A deployed service: DATABASE_URL and SECRET_KEY come from the platform."""
+
+    ENV_NAME = "production"
+
+
+CONFIGS: dict[str, type[Config]] = {
+    "development": DevelopmentConfig,
+    "testing": TestingConfig,
+    "production": ProductionConfig,
+}
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept the ``postgres://`` form PaaS platforms hand out, which SQLAlchemy refuses."""
+    if url.startswith("postgres://"):
+        return "postgresql://" + url[len("postgres://") :]
+    return url
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError("must be a positive integer")
+    return number
+
+
+# Every environment variable the application reads, with its setting name and coercer.
+ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
+    ("DATABASE_URL", "SQLALCHEMY_DATABASE_URI", normalize_database_url),
+    ("SECRET_KEY", "SECRET_KEY", str),
+    ("REDIS_URL", "REDIS_URL", str),
+    ("MODEL_CATALOG", "MODEL_CATALOG", str),
+    ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
+)
+
+
+def settings_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Read the variables of ENVIRONMENT_MAP that are set, coerced to their setting's type."""
+    settings: dict[str, Any] = {}
+    for variable, setting, coerce in ENVIRONMENT_MAP:
+        raw = environ.get(variable)
+        if raw in (None, ""):
+            continue
+        try:
+            settings[setting] = coerce(raw)
+        except ValueError as exc:
+            raise ConfigurationError(f"{variable}={raw!r}: {exc}") from None
+    return settings
+
+
+def config_class(name: str | None = None) -> type[Config]:
+    """Return the settings class named by ``name`` or by APP_ENV (default: development)."""
+    name = name or os.environ.get("APP_ENV", "development")
+    try:
+        return CONFIGS[name]
+    except KeyError:
+        raise ConfigurationError(
+            f"APP_ENV={name!r} is not one of {', '.join(sorted(CONFIGS))}"
+        ) from None
+
+
+def instance_defaults(config: Mapping[str, Any], instance_path: str) -> dict[str, Any]:
+    """Fill what a development instance keeps in its folder: the SQLite file and the secret."""
+    defaults: dict[str, Any] = {}
+    folder = Path(instance_path)
+    if not config.get("SQLALCHEMY_DATABASE_URI"):
+        if config.get("ENV_NAME") == "production":
+            raise ConfigurationError("DATABASE_URL is required in production")
+        folder.mkdir(parents=True, exist_ok=True)
+        defaults["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{folder / 'gateway.sqlite3'}"
+    if not config.get("SECRET_KEY"):
+        if config.get("ENV_NAME") == "production":
+            raise ConfigurationError("SECRET_KEY is required in production")
+        defaults["SECRET_KEY"] = _instance_secret(folder / "secret_key")
+    return defaults
+
+
+def _instance_secret(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()

@@ -1,0 +1,5 @@
+"""Package definition; the metadata lives in setup.cfg."""
+
+from setuptools import setup
+
+setup()

@@ -1,0 +1,91 @@
+"""The operator commands, as a deploy script would run them."""
+
+from __future__ import annotations
+
+import uuid
+
+from app.auth.keys import parse_key
+
+
+def email() -> str:
+    return f"ops-{uuid.uuid4().hex[:10]}@example.com"
+
+
+def last_line(result) -> str:
+    return result.output.strip().splitlines()[-1]
+
+
+def test_account_credits_and_key_lifecycle(runner):
+    address = email()
+    created = runner.invoke(args=["accounts", "create", address, "--credits", "5"])
+    assert created.exit_code == 0, created.output
+    assert "balance=$5" in created.output
+
+    granted = runner.invoke(args=["credits", "grant", address, "2.5", "--idempotency-key", "k1"])
+    again = runner.invoke(args=["credits", "grant", address, "2.5", "--idempotency-key", "k1"])
+    assert "balance=$7.5" in granted.output
+    assert "already granted" in again.output and "balance=$7.5" in again.output
+
+    issued = runner.invoke(args=["keys", "create", address, "--name", "ci"])
+    value = last_line(issued)
+    assert parse_key(value) == value
+    key_id = issued.output.split("created key ")[1].split()[0]
+
+    rotated = runner.invoke(args=["keys", "rotate", key_id])
+    assert parse_key(last_line(rotated)) and last_line(rotated) != value
+
+    listed = runner.invoke(args=["keys", "list", address])
+    assert f"{key_id}\tci\t" in listed.output and "\tactive\t" in listed.output
+    assert value not in listed.output and last_line(rotated) not in listed.output
+
+    assert runner.invoke(args=["keys", "revoke", key_id]).exit_code == 0
+    assert "\trevoked\t" in runner.invoke(args=["keys", "list", address]).output
+    assert runner.invoke(args=["keys", "delete", key_id]).exit_code == 0
+    assert key_id + "\t" not in runner.invoke(args=["keys", "list", address]).output
+
+
+def test_wrong_input_gets_one_line_and_a_nonzero_exit(runner):
+    address = email()
+    runner.invoke(args=["accounts", "create", address])
+    cases = [
+        ["accounts", "create", address],
+        ["credits", "grant", "nobody@example.com", "5"],
+        ["credits", "grant", address, "-5"],
+        ["credits", "grant", address, "lots"],
+        ["keys", "create", "nobody@example.com", "--name", "x"],
+        ["keys", "revoke", "999999"],
+        ["keys", "rotate", "abc"],
+    ]
+    for args in cases:
+        result = runner.invoke(args=args)
+        assert result.exit_code != 0, args
+        assert result.output.strip().count("\n") <= 3, result.output
+
+
+def test_idempotency_key_reused_for_another_amount_is_refused(runner):
+    address = email()
+    runner.invoke(args=["accounts", "create", address])
+    runner.invoke(args=["credits", "grant", address, "1", "--idempotency-key", "same"])
+    result = runner.invoke(args=["credits", "grant", address, "2", "--idempotency-key", "same"])
+    assert result.exit_code == 1
+    assert "was used for a grant of" in result.output
+
+
+def test_catalog_list(runner):
+    output = runner.invoke(args=["catalog", "list"]).output
+    assert "dev-chat\t0.50\t1.50\t0.05\t0.25\t32768\t" in output
+    assert "dev-hidden" not in output
+
+
+def test_demo_setup_prints_its_key_once(runner, app):
+    from app.cli import DEMO_EMAIL
+    from app.credits.accounts import find_account
+
+    with app.app_context():
+        assert find_account(DEMO_EMAIL) is None  # each test database starts empty
+    first = runner.invoke(args=["demo", "setup"])
+    second = runner.invoke(args=["demo", "setup"])
+    assert parse_key(last_line(first))
+    assert "$10 of credits" in first.output
+    assert parse_key(last_line(second)) is None
+    assert "exists" in second.output

@@ -1,0 +1,54 @@
+import pytest
+
+from app import create_app
+from app.catalog.errors import CatalogError
+from config.settings import ConfigurationError, normalize_database_url, settings_from_environment
+
+
+def test_testing_config(app):
+    assert app.config["TESTING"]
+    assert "dev-chat" in app.extensions["catalog"].models
+
+
+def test_development_defaults_live_in_the_instance_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    app = create_app("development", {"MODEL_CATALOG": "config/models.toml"})
+    assert app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite:///")
+    assert app.config["SQLALCHEMY_DATABASE_URI"].endswith("instance/gateway.sqlite3")
+    assert len(app.config["SECRET_KEY"]) > 40
+    again = create_app("development", {"MODEL_CATALOG": "config/models.toml"})
+    assert again.config["SECRET_KEY"] == app.config["SECRET_KEY"]
+
+
+@pytest.mark.parametrize("missing", ["DATABASE_URL", "SECRET_KEY"])
+def test_production_requires_its_secrets(monkeypatch, missing):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db/x")
+    monkeypatch.setenv("SECRET_KEY", "s" * 40)
+    monkeypatch.delenv(missing)
+    with pytest.raises(ConfigurationError, match=missing):
+        create_app("production")
+
+
+def test_paas_database_urls_are_accepted():
+    assert normalize_database_url("postgres://u:p@h:5432/d") == "postgresql://u:p@h:5432/d"
+    assert settings_from_environment({"DATABASE_URL": "postgres://h/d"}) == {
+        "SQLALCHEMY_DATABASE_URI": "postgresql://h/d"
+    }
+
+
+def test_bad_numbers_in_the_environment_are_named():
+    with pytest.raises(ConfigurationError, match="HOLD_TTL_SECONDS"):
+        settings_from_environment({"HOLD_TTL_SECONDS": "soon"})
+
+
+def test_unknown_environment_name_is_refused():
+    with pytest.raises(ConfigurationError, match="APP_ENV"):
+        create_app("staging")
+
+
+def test_a_broken_catalog_stops_the_app(tmp_path):
+    catalog = tmp_path / "models.toml"
+    catalog.write_text('[[models]]\nid = "x"\nroutes = [{ upstream = "builtin" }]\n')
+    with pytest.raises(CatalogError, match="pricing is required"):
+        create_app("testing", {"MODEL_CATALOG": str(catalog)})

@@ -1,0 +1,71 @@
+from decimal import Decimal
+
+import pytest
+
+from app.credits.pricing import (
+    Pricing,
+    affordable_completion_tokens,
+    cost_of,
+    to_money,
+    worst_case_cost,
+)
+from app.providers.base import Usage
+
+# Prices small enough that any float arithmetic or early rounding would show.
+TINY = Pricing(
+    prompt=Decimal("0.0123"),
+    completion=Decimal("0.0457"),
+    cached_read=Decimal("0.0011"),
+    image=Decimal("0.0333"),
+)
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        (Usage(prompt_tokens=1), Decimal("0.0000000123")),
+        (Usage(completion_tokens=1), Decimal("0.0000000457")),
+        (Usage(prompt_tokens=7, cached_tokens=7), Decimal("0.0000000077")),
+        (Usage(prompt_tokens=3, prompt_image_tokens=3), Decimal("0.0000000999")),
+        # reasoning tokens are completion tokens: priced once, at the completion rate
+        (Usage(completion_tokens=10, reasoning_tokens=6), Decimal("0.000000457")),
+        (
+            Usage(
+                prompt_tokens=1000, cached_tokens=600, prompt_image_tokens=85, completion_tokens=333
+            ),
+            # 315*0.0123 + 600*0.0011 + 85*0.0333 + 333*0.0457 = 22.5831 micro-USD
+            Decimal("0.0000225831"),
+        ),
+        (Usage(), Decimal(0)),
+    ],
+)
+def test_cost_applies_each_rate_exactly(usage, expected):
+    assert cost_of(usage, TINY) == expected
+
+
+def test_cost_is_exact_where_floats_are_not():
+    pricing = Pricing(Decimal("0.1"), Decimal("0.2"), Decimal("0.1"), Decimal("0.1"))
+    usage = Usage(prompt_tokens=3, completion_tokens=3)
+    assert 3 * 0.1 / 1e6 + 3 * 0.2 / 1e6 != 0.0000009  # the float answer is off
+    assert cost_of(usage, pricing) == Decimal("0.0000009")
+
+
+def test_costs_round_half_up_at_the_money_quantum():
+    assert to_money(Decimal("0.00000000015")) == Decimal("0.0000000002")
+    assert to_money(Decimal("0.000000000149")) == Decimal("0.0000000001")
+
+
+def test_worst_case_prices_the_prompt_at_its_dearest_rate():
+    worst = worst_case_cost(prompt_tokens=100, completion_tokens=10, pricing=TINY)
+    assert worst == Decimal("0.00000333") + Decimal("0.000000457")
+
+
+def test_affordable_completion_tokens_fit_the_budget():
+    budget = Decimal("0.00001")
+    tokens = affordable_completion_tokens(budget=budget, prompt_tokens=100, pricing=TINY)
+    assert worst_case_cost(prompt_tokens=100, completion_tokens=tokens, pricing=TINY) <= budget
+    assert worst_case_cost(prompt_tokens=100, completion_tokens=tokens + 1, pricing=TINY) > budget
+
+
+def test_nothing_is_affordable_when_the_prompt_exceeds_the_budget():
+    assert affordable_completion_tokens(budget=Decimal("0"), prompt_tokens=10, pricing=TINY) == 0
