@@ -209,7 +209,9 @@ class StreamMeter:
         if not self._pieces:
             return Usage()
         route = self.generation.model.routes[0]
-        completion = route.adapter.count_text_tokens("".join(self._pieces), route.target)
+        # Each delta is counted alone: joined, neighbouring pieces could merge into fewer
+        # tokens than were generated.
+        completion = sum(route.adapter.count_text_tokens(p, route.target) for p in self._pieces)
         return Usage(
             prompt_tokens=self.generation.prompt_tokens,
             completion_tokens=completion,
