@@ -60,9 +60,14 @@ CONFIGS: dict[str, type[Config]] = {
 
 
 def normalize_database_url(url: str) -> str:
-    """Accept the ``postgres://`` form PaaS platforms hand out, which SQLAlchemy refuses."""
-    if url.startswith("postgres://"):
-        return "postgresql://" + url[len("postgres://") :]
+    """Name the psycopg2 driver for PostgreSQL URLs that name none.
+
+    PaaS platforms hand out ``postgres://``, which SQLAlchemy refuses, and SQLAlchemy 2.1
+    reads a bare ``postgresql://`` as psycopg 3, which this project does not ship.
+    """
+    for bare in ("postgres://", "postgresql://"):
+        if url.startswith(bare):
+            return "postgresql+psycopg2://" + url[len(bare) :]
     return url
 
 

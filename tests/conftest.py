@@ -25,6 +25,7 @@ import sqlalchemy
 from flask_migrate import upgrade
 
 from app import create_app
+from config.settings import normalize_database_url
 from tests.factories import AccountFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ def database_url(
 
 
 def _fresh_postgres_database(server_url: str) -> Iterator[str]:
-    url = sqlalchemy.engine.make_url(server_url.replace("postgres://", "postgresql://", 1))
+    url = sqlalchemy.engine.make_url(normalize_database_url(server_url))
     name = f"gateway_test_{uuid.uuid4().hex[:12]}"
     admin = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:

@@ -148,10 +148,9 @@ def test_unknown_fields_are_ignored(sdk):
     ],
 )
 def test_http_errors_use_the_envelope(live_server, funded_key, method, path, kwargs, status, code):
-    headers = {"Authorization": f"Bearer {funded_key.key}", **kwargs.pop("headers", {})}
-    response = requests.request(
-        method, live_server.url + path, headers=headers, timeout=30, **kwargs
-    )
+    body = {name: value for name, value in kwargs.items() if name != "headers"}
+    headers = {"Authorization": f"Bearer {funded_key.key}", **kwargs.get("headers", {})}
+    response = requests.request(method, live_server.url + path, headers=headers, timeout=30, **body)
     assert response.status_code == status
     assert response.headers["Content-Type"].startswith("application/json")
     error = response.json()["error"]
