@@ -53,10 +53,12 @@ def register_blueprints(app: Flask) -> None:
     from app import health
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
+    from app.credits import views as credit_views
 
     app.register_blueprint(health.bp)
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
+    app.register_blueprint(credit_views.bp, url_prefix="/v1")
 
 
 def register_commands(app: Flask) -> None:

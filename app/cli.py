@@ -26,12 +26,14 @@ from app.credits.accounts import (
     find_account,
     find_account_or_raise,
 )
+from app.credits.audit import audit_ledger
 from app.credits.errors import IdempotencyConflict
 
 accounts_cli = AppGroup("accounts", help="Create accounts.")
 credits_cli = AppGroup("credits", help="Add credits to accounts.")
 keys_cli = AppGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
 catalog_cli = AppGroup("catalog", help="Inspect the model catalog.")
+ledger_cli = AppGroup("ledger", help="Check the ledger's books.")
 demo_cli = AppGroup("demo", help="Set up the demo account of a fresh checkout.")
 
 DEMO_EMAIL = "demo@example.com"
@@ -163,6 +165,20 @@ def list_catalog_command() -> None:
         )
 
 
+@ledger_cli.command("audit")
+def audit_command() -> None:
+    """Check balance = sum of ledger and every charge against its prices; exit 1 on a mismatch."""
+    report = audit_ledger()
+    for mismatch in report.mismatches:
+        click.echo(f"mismatch: {mismatch}", err=True)
+    click.echo(
+        f"checked {report.accounts} accounts and {report.generations} generations: "
+        f"{len(report.mismatches)} mismatches"
+    )
+    if report.mismatches:
+        raise SystemExit(1)
+
+
 @demo_cli.command("setup")
 def demo_setup_command() -> None:
     """Create the demo account with credits and print its key, once; later runs print none."""
@@ -177,7 +193,14 @@ def demo_setup_command() -> None:
     click.echo(issued.value)
 
 
-GROUPS: tuple[AppGroup, ...] = (accounts_cli, credits_cli, keys_cli, catalog_cli, demo_cli)
+GROUPS: tuple[AppGroup, ...] = (
+    accounts_cli,
+    credits_cli,
+    keys_cli,
+    catalog_cli,
+    ledger_cli,
+    demo_cli,
+)
 
 
 def register(app: Flask, groups: tuple[AppGroup, ...] = GROUPS) -> None:

@@ -36,3 +36,12 @@ def post_fork(server, worker):  # noqa: ANN001, ANN201
     from psycogreen.gevent import patch_psycopg
 
     patch_psycopg()
+
+
+def post_worker_init(worker):  # noqa: ANN001, ANN201
+    """Start the worker's sweeper of expired holds, beside the requests it serves."""
+    import gevent
+
+    from app.credits.sweeper import run_sweeper
+
+    gevent.spawn(run_sweeper, worker.wsgi)

@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -131,35 +132,46 @@ class LiveServer:
     process: subprocess.Popen
 
 
+@contextmanager
+def running_server(
+    database_url: str, log_dir: Path, *, catalog: str = TEST_CATALOG, **env: str
+) -> Iterator[LiveServer]:
+    """Run gunicorn as the Procfile does, on a free port; ``env`` adds variables."""
+    port = _free_port()
+    environment = {
+        **os.environ,
+        "APP_ENV": "testing",
+        "DATABASE_URL": database_url,
+        "MODEL_CATALOG": catalog,
+        "PORT": str(port),
+        "WEB_CONCURRENCY": "1",
+        **env,
+    }
+    with open(log_dir / f"gunicorn-{port}.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "wsgi:app"],
+            cwd=ROOT,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_until_up(url, process)
+            yield LiveServer(url=url, process=process)
+        finally:
+            # SIGINT is gunicorn's quick shutdown: idle keep-alive connections need no grace.
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def live_server(
     app, database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     """The real service, as the Procfile runs it: gunicorn, gevent workers, real HTTP."""
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("server") / "gunicorn.log", "wb")
-    env = {
-        **os.environ,
-        "APP_ENV": "testing",
-        "DATABASE_URL": database_url,
-        "MODEL_CATALOG": TEST_CATALOG,
-        "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "wsgi:app"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    _wait_until_up(url, process)
-    yield LiveServer(url=url, process=process)
-    # SIGINT is gunicorn's quick shutdown: idle keep-alive connections need no grace.
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=30)
-    log.close()
+    with running_server(database_url, tmp_path_factory.mktemp("server")) as server:
+        yield server
 
 
 def _wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> None:

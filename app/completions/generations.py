@@ -21,7 +21,7 @@ from app.catalog.registry import Model
 from app.completions.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.completions.models import Generation as GenerationRecord
 from app.credits.errors import InsufficientCredits
-from app.credits.ledger import HeldCredit, Shortfall, place_hold, settle_hold
+from app.credits.ledger import HeldCredit, Shortfall, extend_hold, place_hold, settle_hold
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
 from app.errors import APIError
 from app.providers.base import ChatRequest, Chunk, Completion, Usage
@@ -41,9 +41,22 @@ class Generation:
     request: ChatRequest
     hold: HeldCredit
     prompt_tokens: int
+    hold_ttl_seconds: int
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
+    hold_renewed: float = field(default_factory=time.monotonic)
     settled: bool = False
+
+    def keep_hold_alive(self) -> None:
+        """Push the hold's expiry forward while a long stream is still running.
+
+        Only a dead worker's holds should expire; a stream that outlives the TTL renews
+        its hold every third of it, one UPDATE each time, never per chunk.
+        """
+        now = time.monotonic()
+        if now - self.hold_renewed > self.hold_ttl_seconds / 3:
+            extend_hold(self.hold, ttl_seconds=self.hold_ttl_seconds)
+            self.hold_renewed = now
 
 
 def start_generation(
@@ -79,6 +92,7 @@ def start_generation(
         request=request,
         hold=held,
         prompt_tokens=prompt_tokens,
+        hold_ttl_seconds=hold_ttl_seconds,
     )
 
 
@@ -161,6 +175,7 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
             if chunk.choices:
                 meter.observe(chunk)
                 yield chunk_body(generation, chunk.choices, chunk.system_fingerprint)
+                generation.keep_hold_alive()
         status = COMPLETED
         cost = finish_generation(
             generation, usage=meter.final_usage(), status=status, finish_reason=meter.finish_reason
@@ -242,6 +257,7 @@ def generation_record(
     generation: Generation, usage: Usage, cost: Decimal, status: str, finish_reason: str | None
 ) -> Insert:
     """Build the INSERT of the generation's record."""
+    pricing = generation.model.pricing
     return insert(GenerationRecord).values(
         id=generation.id,
         account_id=generation.caller.account_id,
@@ -253,6 +269,10 @@ def generation_record(
         prompt_image_tokens=usage.prompt_image_tokens,
         reasoning_tokens=usage.reasoning_tokens,
         cost=cost,
+        price_prompt=pricing.prompt,
+        price_completion=pricing.completion,
+        price_cached_read=pricing.cached_read,
+        price_image=pricing.image,
         status=status,
         finish_reason=finish_reason,
         streamed=generation.request.stream,

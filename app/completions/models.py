@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, Integer, String
+from sqlalchemy import ForeignKey, Integer, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.database import Money, UTCDateTime, utcnow
@@ -30,9 +30,35 @@ class Generation(db.Model):
     prompt_image_tokens: Mapped[int] = mapped_column(Integer, default=0)
     reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost = mapped_column(Money, nullable=False, default=0)
+    # The catalog's prices (USD per million tokens) when the generation ran, so that an
+    # audit can re-price it exactly after the catalog has changed.
+    price_prompt = mapped_column(Money, nullable=False, default=0)
+    price_completion = mapped_column(Money, nullable=False, default=0)
+    price_cached_read = mapped_column(Money, nullable=False, default=0)
+    price_image = mapped_column(Money, nullable=False, default=0)
     status: Mapped[str] = mapped_column(String(16))
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     streamed: Mapped[bool] = mapped_column(default=False)
     estimated: Mapped[bool] = mapped_column(default=False)
     latency_ms: Mapped[int] = mapped_column(Integer, default=0)
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow, index=True)
+
+
+class IdempotentRequest(db.Model):
+    """A caller's ``Idempotency-Key``: the request it was first used for, and its answer.
+
+    The row is claimed before the request runs (``response`` empty) and completed with
+    the response body of a whole answer; a retry with the same key and body gets that
+    body back instead of a second generation and a second charge.
+    """
+
+    __tablename__ = "idempotent_requests"
+    __table_args__ = (UniqueConstraint("account_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    key: Mapped[str] = mapped_column(String(255))
+    body_digest: Mapped[str] = mapped_column(String(64))
+    streamed: Mapped[bool] = mapped_column(default=False)
+    response = mapped_column(LargeBinary, nullable=True)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow, index=True)

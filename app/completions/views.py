@@ -6,6 +6,7 @@ from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
+from app.completions.decorators import honour_idempotency_key
 from app.completions.generations import run_completion, start_generation, stream_generation
 from app.completions.schemas import parse_chat_request
 from app.completions.sse import event_stream_response
@@ -17,6 +18,7 @@ bp = Blueprint("completions", __name__)
 
 @bp.post("/chat/completions")
 @require_api_key
+@honour_idempotency_key
 def create_chat_completion() -> Response:
     """Generate a chat completion, whole or streamed, paid from the caller's credits."""
     chat_request = parse_chat_request(json_body(request))

@@ -169,7 +169,8 @@ def settle_hold(
         charge = min(cost, hold.amount)
         reserved_change = hold.amount
     else:
-        charge = min(cost, _locked_balance(hold.account_id))
+        # The hold expired and was released: charge what is available, never more.
+        charge = min(cost, max(_locked_available_balance(hold.account_id), Decimal(0)))
         reserved_change = Decimal(0)
     db.session.execute(
         update(Account)
@@ -195,10 +196,11 @@ def settle_hold(
     return charge
 
 
-def _locked_balance(account_id: int) -> Decimal:
-    return db.session.scalar(
-        select(Account.balance).where(Account.id == account_id).with_for_update()
-    )
+def _locked_available_balance(account_id: int) -> Decimal:
+    row = db.session.execute(
+        select(Account.balance, Account.reserved).where(Account.id == account_id).with_for_update()
+    ).one()
+    return row.balance - row.reserved
 
 
 def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:
@@ -240,13 +242,27 @@ def _expire_hold(hold_id: str, account_id: int, amount: Decimal) -> int:
     return 1
 
 
-def ledger_sums(account_id: int) -> tuple[Decimal, Decimal]:
-    """Return (total granted, total charged) for the account, both positive."""
+@dataclass(frozen=True)
+class CreditSummary:
+    """An account's money at a glance, in USD."""
+
+    granted: Decimal
+    used: Decimal
+    balance: Decimal
+
+
+def credit_summary(account_id: int) -> CreditSummary:
+    """Return what was granted to and charged from the account, and its balance."""
     rows = db.session.execute(
-        select(LedgerEntry.kind, func.coalesce(func.sum(LedgerEntry.amount), 0))
+        select(LedgerEntry.kind, func.sum(LedgerEntry.amount))
         .where(LedgerEntry.account_id == account_id)
         .group_by(LedgerEntry.kind)
     ).all()
+    balance = db.session.scalar(select(Account.balance).where(Account.id == account_id))
     db.session.commit()
     sums = {kind: total for kind, total in rows}
-    return sums.get(GRANT, Decimal(0)), -sums.get(CHARGE, Decimal(0))
+    return CreditSummary(
+        granted=sums.get(GRANT, Decimal(0)),
+        used=-sums.get(CHARGE, Decimal(0)),
+        balance=balance,
+    )

@@ -1,0 +1,126 @@
+"""Check the ledger's invariants and every generation's charge against its prices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlalchemy import func, select
+
+from app.completions.models import Generation
+from app.credits.ledger import CHARGE, OPEN
+from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.pricing import Pricing, cost_of
+from app.extensions import db
+from app.providers.base import Usage
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One broken invariant: what it concerns and how."""
+
+    subject: str
+    problem: str
+
+    def __str__(self) -> str:
+        """Render as one line for the operator."""
+        return f"{self.subject}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What was checked and what did not add up."""
+
+    accounts: int
+    generations: int
+    mismatches: list[Mismatch]
+
+
+def audit_ledger() -> AuditReport:
+    """Check balance = sum of ledger, reserved = sum of open holds, and every charge."""
+    account_mismatches, accounts = _account_mismatches()
+    generation_mismatches, generations = _generation_mismatches()
+    db.session.commit()
+    return AuditReport(accounts, generations, account_mismatches + generation_mismatches)
+
+
+def _account_mismatches() -> tuple[list[Mismatch], int]:
+    ledger = (
+        select(LedgerEntry.account_id, func.sum(LedgerEntry.amount).label("total"))
+        .group_by(LedgerEntry.account_id)
+        .subquery()
+    )
+    holds = (
+        select(Hold.account_id, func.sum(Hold.amount).label("total"))
+        .where(Hold.status == OPEN)
+        .group_by(Hold.account_id)
+        .subquery()
+    )
+    rows = db.session.execute(
+        select(Account.id, Account.balance, Account.reserved, ledger.c.total, holds.c.total)
+        .outerjoin(ledger, ledger.c.account_id == Account.id)
+        .outerjoin(holds, holds.c.account_id == Account.id)
+    ).all()
+    mismatches = []
+    for account_id, balance, reserved, ledger_total, held_total in rows:
+        mismatches.extend(
+            _account_problems(account_id, balance, reserved, ledger_total, held_total)
+        )
+    return mismatches, len(rows)
+
+
+def _account_problems(
+    account_id: int,
+    balance: Decimal,
+    reserved: Decimal,
+    ledger_total: Decimal | None,
+    held_total: Decimal | None,
+) -> Iterator[Mismatch]:
+    ledger_sum = ledger_total or Decimal(0)
+    held_sum = held_total or Decimal(0)
+    subject = f"account {account_id}"
+    if balance != ledger_sum:
+        yield Mismatch(subject, f"balance ${balance:f} but the ledger sums to ${ledger_sum:f}")
+    if reserved != held_sum:
+        yield Mismatch(subject, f"reserved ${reserved:f} but open holds sum to ${held_sum:f}")
+    if balance < 0:
+        yield Mismatch(subject, f"negative balance ${balance:f}")
+
+
+def _generation_mismatches() -> tuple[list[Mismatch], int]:
+    charges = (
+        select(LedgerEntry.generation_id, LedgerEntry.amount)
+        .where(LedgerEntry.kind == CHARGE)
+        .subquery()
+    )
+    query = select(Generation, charges.c.amount).outerjoin(
+        charges, charges.c.generation_id == Generation.id
+    )
+    mismatches, count = [], 0
+    for generation, charge in db.session.execute(query.execution_options(yield_per=1000)):
+        count += 1
+        mismatches.extend(_generation_problems(generation, -(charge or Decimal(0))))
+    return mismatches, count
+
+
+def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[Mismatch]:
+    subject = f"generation {generation.id}"
+    priced = cost_of(
+        Usage(
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            cached_tokens=generation.cached_tokens,
+            prompt_image_tokens=generation.prompt_image_tokens,
+        ),
+        Pricing(
+            prompt=generation.price_prompt,
+            completion=generation.price_completion,
+            cached_read=generation.price_cached_read,
+            image=generation.price_image,
+        ),
+    )
+    if generation.cost != priced:
+        yield Mismatch(subject, f"cost ${generation.cost:f} but its tokens price at ${priced:f}")
+    if charged != generation.cost:
+        yield Mismatch(subject, f"cost ${generation.cost:f} but the ledger charged ${charged:f}")

@@ -1,0 +1,137 @@
+"""The ledger's transactions, called directly on each test database."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.credits import ledger
+from app.credits.errors import IdempotencyConflict
+from app.credits.models import Account, Hold, LedgerEntry
+from app.extensions import db
+from tests.factories import AccountFactory
+
+
+def state(account_id):
+    db.session.expire_all()
+    account = db.session.get(Account, account_id)
+    total = db.session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(
+            LedgerEntry.account_id == account_id
+        )
+    )
+    return account.balance, account.reserved, total
+
+
+def test_grants_with_the_same_key_apply_once(app_context):
+    account = AccountFactory.create()
+    first, applied = ledger.grant_credits(
+        account_id=account.id, amount=Decimal("1.25"), idempotency_key="g-1"
+    )
+    again, reapplied = ledger.grant_credits(
+        account_id=account.id, amount=Decimal("1.25"), idempotency_key="g-1"
+    )
+    assert applied and not reapplied and first.id == again.id
+    assert state(account.id) == (Decimal("1.25"), 0, Decimal("1.25"))
+    with pytest.raises(IdempotencyConflict):
+        ledger.grant_credits(account_id=account.id, amount=Decimal("2"), idempotency_key="g-1")
+
+
+def test_a_hold_never_exceeds_the_available_balance(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.6"), ttl_seconds=60)
+    assert isinstance(held, ledger.HeldCredit)
+    refused = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
+    assert refused == ledger.Shortfall(requested=Decimal("0.5"), available=Decimal("0.4"))
+    assert state(account.id) == (Decimal("1"), Decimal("0.6"), Decimal("1"))
+
+
+def test_settling_charges_the_cost_and_frees_the_hold(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
+    charged = ledger.settle_hold(held, cost=Decimal("0.1234567891"), generation_id="gen-a")
+    assert charged == Decimal("0.1234567891")
+    assert state(account.id) == (Decimal("0.8765432109"), 0, Decimal("0.8765432109"))
+
+
+def test_a_charge_never_exceeds_its_hold(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    assert ledger.settle_hold(held, cost=Decimal("0.3"), generation_id="gen-b") == Decimal("0.2")
+
+
+def test_nothing_produced_is_not_charged(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    assert ledger.settle_hold(held, cost=Decimal(0), generation_id="gen-c") == 0
+    assert state(account.id) == (Decimal("1"), 0, Decimal("1"))
+    assert (
+        db.session.scalar(select(LedgerEntry).where(LedgerEntry.generation_id == "gen-c")) is None
+    )
+
+
+def test_a_generation_is_charged_once_even_if_settled_twice(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    ledger.settle_hold(held, cost=Decimal("0.1"), generation_id="gen-d")
+    with pytest.raises(IntegrityError):
+        ledger.settle_hold(held, cost=Decimal("0.1"), generation_id="gen-d")
+    db.session.rollback()
+    assert state(account.id) == (Decimal("0.9"), 0, Decimal("0.9"))
+
+
+def expire_now(hold_id):
+    db.session.execute(update(Hold).where(Hold.id == hold_id).values(expires_at=Hold.created_at))
+    db.session.commit()
+
+
+def test_expired_holds_are_released_once(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.7"), ttl_seconds=60)
+    expire_now(held.id)
+    assert ledger.release_expired_holds(account_id=account.id) == 1
+    assert ledger.release_expired_holds(account_id=account.id) == 0
+    assert state(account.id) == (Decimal("1"), 0, Decimal("1"))
+    assert db.session.get(Hold, held.id).status == ledger.EXPIRED
+
+
+def test_an_expired_hold_in_the_way_is_released_to_place_a_new_one(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    stale = ledger.place_hold(account_id=account.id, amount=Decimal("0.9"), ttl_seconds=60)
+    expire_now(stale.id)
+    fresh = ledger.place_hold(account_id=account.id, amount=Decimal("0.9"), ttl_seconds=60)
+    assert isinstance(fresh, ledger.HeldCredit)
+
+
+def test_a_late_settlement_after_expiry_charges_only_what_is_available(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
+    expire_now(held.id)
+    ledger.release_expired_holds(account_id=account.id)
+    other = ledger.place_hold(account_id=account.id, amount=Decimal("0.8"), ttl_seconds=60)
+    assert isinstance(other, ledger.HeldCredit)
+    charged = ledger.settle_hold(held, cost=Decimal("0.4"), generation_id="gen-e")
+    assert charged == Decimal("0.2")
+    balance, reserved, total = state(account.id)
+    assert (balance, reserved, total) == (Decimal("0.8"), Decimal("0.8"), Decimal("0.8"))
+
+
+def test_an_open_hold_can_be_extended(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+    before = db.session.get(Hold, held.id).expires_at
+    ledger.extend_hold(held, ttl_seconds=600)
+    db.session.expire_all()
+    assert (db.session.get(Hold, held.id).expires_at - before).total_seconds() > 500
+
+
+def test_credit_summary(app_context):
+    account = AccountFactory.create(credits=Decimal("3"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("1"), ttl_seconds=60)
+    ledger.settle_hold(held, cost=Decimal("0.25"), generation_id="gen-f")
+    assert ledger.credit_summary(account.id) == ledger.CreditSummary(
+        granted=Decimal("3"), used=Decimal("0.25"), balance=Decimal("2.75")
+    )
