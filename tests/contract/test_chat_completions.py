@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import jsonschema
 import pytest
+import requests
 
 WEATHER_TOOL = {
     "type": "function",
@@ -296,3 +297,24 @@ def test_a_repeated_prompt_prefix_is_reported_as_cached(sdk):
         + Decimal(usage.completion_tokens) * Decimal("0.60")
     ) / 1_000_000
     assert Decimal(str(usage.model_extra["cost"]["total_cost"])) == expected
+
+
+def test_streams_are_sent_unbuffered_as_server_sent_events(live_server, funded_key):
+    response = requests.post(
+        f"{live_server.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {funded_key.key}"},
+        json={
+            "model": "dev-chat-mini",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+        },
+        stream=True,
+        timeout=30,
+    )
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    assert response.headers["Cache-Control"] == "no-cache"
+    assert response.headers["X-Accel-Buffering"] == "no"
+    assert "Content-Length" not in response.headers
+    events = response.text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert all(event.startswith("data: ") for event in events[:-1])
