@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import random
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +33,7 @@ from app.providers.base import (
     Usage,
 )
 from app.providers.errors import UpstreamError
+from app.providers.schema_instances import schema_instance
 
 TOKEN_PATTERN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 PROMPT_WORD_PATTERN = re.compile(r"[A-Za-z]{3,}")
@@ -47,20 +47,6 @@ DEFAULT_REASONING_EFFORT = "medium"
 REASONING_TOKENS = {"none": 0, "minimal": 16, "low": 16, "medium": 48, "high": 128}
 SYSTEM_FINGERPRINT = "fp_builtin_v1"
 FAILURE_MESSAGE = "The builtin upstream failed mid-stream (fail_after_tokens)."
-SHALLOW_SCHEMA_DEPTH = 8
-MAX_SCHEMA_DEPTH = 16
-FORMAT_EXAMPLES = {
-    "date-time": "2024-01-01T00:00:00Z",
-    "date": "2024-01-01",
-    "time": "12:00:00Z",
-    "email": "user@example.com",
-    "hostname": "example.com",
-    "ipv4": "192.0.2.1",
-    "ipv6": "2001:db8::1",
-    "uri": "https://example.com/",
-    "url": "https://example.com/",
-    "uuid": "123e4567-e89b-42d3-a456-426614174000",
-}
 VOCABULARY = (
     "answer", "basket", "bridge", "bright", "button", "candle", "careful", "clear",
     "cloud", "copper", "early", "field", "forest", "friendly", "garden", "gentle",
@@ -331,215 +317,6 @@ def mentioned_tools(
         return mentioned or tools[:1]
     # Under "auto" only a fresh user turn triggers calls; after a tool result it answers.
     return mentioned if messages and messages[-1].get("role") == "user" else []
-
-
-@dataclass
-class _SchemaWalk:
-    """The state of one instance generation: the root schema (for $ref) and the prompt's words."""
-
-    root: Any
-    words: Sequence[str]
-    used: int = 0
-
-    def next_word(self) -> str:
-        """Return the prompt's next word in turn, or "example" when it has none."""
-        if not self.words:
-            return "example"
-        word = self.words[self.used % len(self.words)]
-        self.used += 1
-        return word
-
-
-def schema_instance(schema: Any, words: Sequence[str] = ()) -> Any:
-    """Generate a value that validates against the JSON Schema ``schema``."""
-    return _instance(schema, _SchemaWalk(schema, words), 0)
-
-
-def _instance(schema: Any, walk: _SchemaWalk, depth: int) -> Any:
-    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
-        return None
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    folded = _fold_combinator(schema, walk)
-    if folded is not None:
-        return _instance(folded, walk, depth + 1)
-    return INSTANCE_BUILDERS.get(_schema_type(schema), _string_instance)(schema, walk, depth)
-
-
-def _fold_combinator(schema: dict[str, Any], walk: _SchemaWalk) -> dict[str, Any] | None:
-    """Merge one $ref, allOf, anyOf or oneOf into the schema's other keywords; None if none."""
-    if "$ref" in schema:
-        return _dereference(schema, walk)
-    if schema.get("allOf"):
-        merged = _without(schema, "allOf")
-        for part in schema["allOf"]:
-            merged = _merge_schemas(merged, _dereference(part, walk))
-        return merged
-    for key in ("anyOf", "oneOf"):
-        if schema.get(key):
-            return _merge_schemas(_without(schema, key), _dereference(schema[key][0], walk))
-    return None
-
-
-def _dereference(schema: Any, walk: _SchemaWalk) -> dict[str, Any]:
-    """Follow top-level $refs (a bounded number of them, against recursion)."""
-    for _ in range(MAX_SCHEMA_DEPTH):
-        if not isinstance(schema, dict) or "$ref" not in schema:
-            break
-        target = _resolve_pointer(walk.root, schema["$ref"])
-        schema = _merge_schemas(target, _without(schema, "$ref"))
-    return schema if isinstance(schema, dict) else {}
-
-
-def _resolve_pointer(root: Any, ref: Any) -> dict[str, Any]:
-    """Resolve a local reference such as ``#/$defs/Name``; anything else resolves to {}."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return {}
-    node = root
-    for token in filter(None, ref[1:].split("/")):
-        key = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-            node = node[int(key)]
-        else:
-            node = node.get(key) if isinstance(node, dict) else None
-    return node if isinstance(node, dict) else {}
-
-
-def _without(schema: dict[str, Any], key: str) -> dict[str, Any]:
-    return {name: value for name, value in schema.items() if name != key}
-
-
-def _merge_schemas(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """Combine two object schemas: properties and required lists join, other keys override."""
-    merged = {**base, **extra}
-    if isinstance(base.get("properties"), dict) and isinstance(extra.get("properties"), dict):
-        merged["properties"] = {**base["properties"], **extra["properties"]}
-    if isinstance(base.get("required"), list) and isinstance(extra.get("required"), list):
-        merged["required"] = list(dict.fromkeys([*base["required"], *extra["required"]]))
-    return merged
-
-
-def _schema_type(schema: dict[str, Any]) -> str:
-    """Return the type to generate: the first non-null one, else inferred, else string."""
-    declared = schema.get("type")
-    if isinstance(declared, list):
-        return next((kind for kind in declared if kind != "null"), "null")
-    if isinstance(declared, str):
-        return declared
-    if "properties" in schema or "required" in schema:
-        return "object"
-    if "items" in schema or "prefixItems" in schema:
-        return "array"
-    return "string"
-
-
-def _object_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> dict[str, Any]:
-    properties = schema.get("properties") or {}
-    required = list(schema.get("required") or ())
-    # Deep down (recursive $refs) only required properties are filled, so generation ends.
-    shallow = depth >= SHALLOW_SCHEMA_DEPTH
-    value = {
-        name: _instance(subschema, walk, depth + 1)
-        for name, subschema in properties.items()
-        if not shallow or name in required
-    }
-    for name in required:
-        value.setdefault(name, walk.next_word())
-    return value
-
-
-def _array_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> list[Any]:
-    items = schema.get("items")
-    prefix = schema.get("prefixItems") or (items if isinstance(items, list) else [])
-    rest = items if isinstance(items, dict) else {}
-    count = max(schema.get("minItems", 0), 0 if depth >= SHALLOW_SCHEMA_DEPTH else 1)
-    if schema.get("maxItems") is not None:
-        count = min(count, schema["maxItems"])
-    return [
-        _instance(prefix[i] if i < len(prefix) else rest, walk, depth + 1) for i in range(count)
-    ]
-
-
-def _string_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> str:
-    example = FORMAT_EXAMPLES.get(schema.get("format"))
-    if example is not None:
-        return example
-    word = walk.next_word()
-    shortest, longest = schema.get("minLength", 0), schema.get("maxLength")
-    if len(word) < shortest:
-        word = (word * shortest)[:shortest]
-    return word if longest is None else word[:longest]
-
-
-def _bound(
-    schema: dict[str, Any], key: str, exclusive_key: str, tighter: Callable[..., float]
-) -> tuple[float | None, bool]:
-    """Return one side's bound and whether it is exclusive (draft 4 flags or draft 6+ numbers)."""
-    value, exclusive = schema.get(key), schema.get(exclusive_key)
-    if isinstance(exclusive, bool):
-        return value, exclusive and value is not None
-    if exclusive is None:
-        return value, False
-    if value is None or tighter(value, exclusive) == exclusive:
-        return exclusive, True
-    return value, False
-
-
-def _multiple_between(step: float, low: Any, low_open: bool, high: Any, high_open: bool) -> float:
-    """Return the multiple of ``step`` nearest the lower bound (or zero) inside the bounds."""
-    if low is not None:
-        k = math.ceil(low / step)
-        if low_open and k * step <= low:
-            k += 1
-    elif high is not None and high <= 0:
-        k = math.floor(high / step)
-        if high_open and k * step >= high:
-            k -= 1
-    else:
-        k = 0
-    return k * step
-
-
-def _number_between(low: Any, low_open: bool, high: Any, high_open: bool) -> float:
-    """Return the lower bound, a point just above it, or zero, inside the bounds."""
-    if low is not None:
-        if not low_open:
-            return low
-        above = low + 1
-        fits = high is None or above < high or (above == high and not high_open)
-        return above if fits else (low + high) / 2
-    if high is None or high > 0 or (high == 0 and not high_open):
-        return 0
-    return high - 1 if high_open else high
-
-
-def _number_instance(
-    schema: dict[str, Any], walk: _SchemaWalk, depth: int, integer: bool = False
-) -> float:
-    low, low_open = _bound(schema, "minimum", "exclusiveMinimum", max)
-    high, high_open = _bound(schema, "maximum", "exclusiveMaximum", min)
-    step = schema.get("multipleOf") or (1 if integer else None)
-    if step is None:
-        return _number_between(low, low_open, high, high_open)
-    value = _multiple_between(step, low, low_open, high, high_open)
-    return int(value) if integer and float(value).is_integer() else value
-
-
-def _integer_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> int:
-    return _number_instance(schema, walk, depth, integer=True)
-
-
-INSTANCE_BUILDERS: dict[str, Callable[[dict[str, Any], _SchemaWalk, int], Any]] = {
-    "object": _object_instance,
-    "array": _array_instance,
-    "string": _string_instance,
-    "integer": _integer_instance,
-    "number": _number_instance,
-    "boolean": lambda schema, walk, depth: True,
-    "null": lambda schema, walk, depth: None,
-}
 
 
 def logprob_entry(token: str, rng: random.Random, top: int) -> dict[str, Any]:

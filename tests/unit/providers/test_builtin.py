@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from datetime import date, datetime
 from typing import Any
-from urllib.parse import urlparse
 
 import jsonschema
 import pytest
 
 from app.providers import builtin
 from app.providers.base import ChatRequest, Chunk, RouteTarget, UpstreamConfig
-from app.providers.builtin import BuiltinAdapter, count_tokens, schema_instance, tokenize
+from app.providers.builtin import BuiltinAdapter, count_tokens, tokenize
 from app.providers.errors import UpstreamError
 
 PLAIN = RouteTarget(upstream_model="builtin-dev", max_output_tokens=4096)
@@ -506,130 +503,6 @@ def test_json_schema_output_validates():
         ORDER_SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
     )
     validator.validate(json.loads(content))
-
-
-RECURSIVE = {
-    "$defs": {
-        "node": {
-            "type": "object",
-            "properties": {
-                "value": {"type": "integer"},
-                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
-            },
-            "required": ["value"],
-        }
-    },
-    "$ref": "#/$defs/node",
-}
-SCHEMAS = {
-    "string": {"type": "string"},
-    "string-lengths": {"type": "string", "minLength": 12, "maxLength": 14},
-    "string-short": {"type": "string", "maxLength": 2},
-    "enum": {"type": "string", "enum": ["red", "green"]},
-    "const": {"const": 42},
-    "date-time": {"type": "string", "format": "date-time"},
-    "date": {"type": "string", "format": "date"},
-    "email": {"type": "string", "format": "email"},
-    "uri": {"type": "string", "format": "uri"},
-    "uuid": {"type": "string", "format": "uuid"},
-    "ipv4": {"type": "string", "format": "ipv4"},
-    "integer-range": {"type": "integer", "minimum": 5, "maximum": 9},
-    "integer-exclusive": {"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 7},
-    "integer-multiple": {"type": "integer", "minimum": 7, "multipleOf": 5},
-    "integer-negative": {"type": "integer", "exclusiveMaximum": 0},
-    "number-open-low": {"type": "number", "exclusiveMinimum": 0.5, "maximum": 1},
-    "number-max": {"type": "number", "maximum": -3.5},
-    "number-multiple": {"type": "number", "exclusiveMaximum": -2, "multipleOf": 0.5},
-    "boolean": {"type": "boolean"},
-    "null": {"type": "null"},
-    "nullable": {"type": ["null", "integer"], "minimum": 3},
-    "array": {"type": "array", "items": {"type": "integer", "minimum": 2}, "minItems": 3},
-    "array-empty": {"type": "array", "items": {"type": "string"}, "maxItems": 0},
-    "tuple": {
-        "type": "array",
-        "prefixItems": [{"type": "string"}, {"type": "integer"}],
-        "minItems": 2,
-    },
-    "nested": ORDER_SCHEMA,
-    "tool-parameters": SEARCH["function"]["parameters"],
-    "definitions": {
-        "definitions": {"pair": {"type": "array", "items": {"type": "boolean"}, "minItems": 2}},
-        "type": "object",
-        "properties": {"pair": {"$ref": "#/definitions/pair"}},
-        "required": ["pair"],
-    },
-    "recursive": RECURSIVE,
-    "any-of": {"anyOf": [{"type": "string", "format": "email"}, {"type": "null"}]},
-    "one-of": {"oneOf": [{"type": "integer", "minimum": 10}, {"type": "string"}]},
-    "all-of": {
-        "allOf": [
-            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
-            {"properties": {"b": {"type": "integer", "minimum": 3}}, "required": ["b"]},
-        ]
-    },
-    "untyped": {},
-    "required-only": {"type": "object", "required": ["x"]},
-    "untyped-object": {"properties": {"n": {"type": "number"}}, "required": ["n"]},
-}
-
-
-@pytest.mark.parametrize("schema", SCHEMAS.values(), ids=SCHEMAS.keys())
-def test_schema_instances_validate(schema):
-    instance = schema_instance(schema, ["Paris", "Lyon"])
-    validator = jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
-    )
-    validator.validate(instance)
-
-
-def test_formats_the_installed_checker_skips_are_still_valid():
-    assert datetime.fromisoformat(schema_instance(SCHEMAS["date-time"]))
-    assert date.fromisoformat(schema_instance(SCHEMAS["date"]))
-    assert urlparse(schema_instance(SCHEMAS["uri"])).scheme == "https"
-    assert uuid.UUID(schema_instance(SCHEMAS["uuid"])).version == 4
-
-
-@pytest.mark.parametrize(
-    "name, expected",
-    [
-        ("enum", "red"),
-        ("const", 42),
-        ("integer-range", 5),
-        ("integer-exclusive", 6),
-        ("integer-multiple", 10),
-        ("integer-negative", -1),
-        ("number-open-low", 0.75),
-        ("number-max", -3.5),
-        ("number-multiple", -2.5),
-        ("nullable", 3),
-        ("array", [2, 2, 2]),
-        ("array-empty", []),
-        ("tuple", ["Paris", 0]),
-        ("string-short", "Pa"),
-        ("string-lengths", "ParisParisPa"),
-        ("one-of", 10),
-        ("all-of", {"a": "Paris", "b": 3}),
-    ],
-)
-def test_schema_instances_are_predictable(name, expected):
-    assert schema_instance(SCHEMAS[name], ["Paris", "Lyon"]) == expected
-
-
-def test_strings_without_prompt_words_are_example():
-    assert schema_instance({"type": "string"}) == "example"
-
-
-def test_draft4_boolean_exclusive_bounds_are_understood():
-    schema = {"type": "integer", "minimum": 3, "exclusiveMinimum": True}
-    assert schema_instance(schema) == 4
-    jsonschema.Draft4Validator(schema).validate(4)
-
-
-def test_a_recursive_schema_ends():
-    depth, node = 0, schema_instance(RECURSIVE)
-    while node.get("children"):
-        depth, node = depth + 1, node["children"][0]
-    assert 0 < depth < builtin.MAX_SCHEMA_DEPTH
 
 
 @pytest.mark.parametrize(
