@@ -11,13 +11,14 @@ import hashlib
 import secrets
 import zlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import Update, select, update
+from sqlalchemy import bindparam, select, update
 
 from app.auth.errors import KeyNotFound
 from app.auth.models import ACTIVE, REVOKED, ApiKey
 from app.credits.accounts import find_account_or_raise
+from app.credits.ledger import BoundStatement
 from app.database import utcnow
 from app.extensions import db
 
@@ -28,6 +29,14 @@ CHECKSUM_LENGTH = 6  # 62**6 > 2**32
 KEY_LENGTH = len(KEY_PREFIX) + BODY_LENGTH + CHECKSUM_LENGTH
 DISPLAY_LENGTH = len(KEY_PREFIX) + 6
 _ALPHABET_SET = frozenset(ALPHABET)
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+_keys = ApiKey.__table__
+_FIND_CALLER = select(_keys.c.id, _keys.c.account_id, _keys.c.state, _keys.c.last_used_at).where(
+    _keys.c.digest == bindparam("digest")
+)
+_TOUCH_KEY = (
+    update(_keys).where(_keys.c.id == bindparam("key_id")).values(last_used_at=bindparam("now"))
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,7 @@ class Caller:
     key_id: int
     account_id: int
     state: str
+    last_used_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -88,10 +98,14 @@ def find_caller(raw: str | None) -> Caller | None:
     value = parse_key(raw)
     if value is None:
         return None
-    row = db.session.execute(
-        select(ApiKey.id, ApiKey.account_id, ApiKey.state).where(ApiKey.digest == digest_key(value))
-    ).first()
-    return Caller(key_id=row.id, account_id=row.account_id, state=row.state) if row else None
+    # No commit: the request's next statement is the hold, which commits, so the lookup
+    # and the hold share one connection checkout and one transaction.
+    row = db.session.execute(_FIND_CALLER, {"digest": digest_key(value)}).first()
+    if row is None:
+        return None
+    return Caller(
+        key_id=row.id, account_id=row.account_id, state=row.state, last_used_at=row.last_used_at
+    )
 
 
 def _find_key_or_raise(key_id: int) -> ApiKey:
@@ -151,6 +165,13 @@ def list_keys(email: str) -> list[ApiKey]:
     )
 
 
-def touch_key_statement(key_id: int, when: datetime | None = None) -> Update:
-    """Return the UPDATE that records a key's use; it runs inside the settle transaction."""
-    return update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when or utcnow())
+def key_use_records(caller: Caller, now: datetime | None = None) -> list[BoundStatement]:
+    """Return the UPDATE recording the key's use, if its last use is older than a minute.
+
+    It runs in the settle transaction; at most one write a minute per key keeps a busy
+    key's row from becoming a point of contention.
+    """
+    now = now or utcnow()
+    if caller.last_used_at is not None and now - caller.last_used_at < LAST_USED_RESOLUTION:
+        return []
+    return [(_TOUCH_KEY, {"key_id": caller.key_id, "now": now})]

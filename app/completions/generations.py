@@ -14,21 +14,31 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Insert, insert
+from sqlalchemy import insert
 
-from app.auth.keys import Caller, touch_key_statement
+from app.auth.keys import Caller, key_use_records
 from app.catalog.registry import Model
 from app.completions.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.completions.models import Generation as GenerationRecord
 from app.credits.errors import InsufficientCredits
-from app.credits.ledger import HeldCredit, Shortfall, extend_hold, place_hold, settle_hold
+from app.credits.ledger import (
+    BoundStatement,
+    HeldCredit,
+    Shortfall,
+    extend_hold,
+    place_hold,
+    settle_hold,
+)
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
+from app.database import utcnow
 from app.errors import APIError
 from app.providers.base import ChatRequest, Chunk, Completion, Usage
 from app.providers.router import complete_on_routes, stream_on_routes
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
+# Built once: a statement costs more CPU to construct than to execute.
+_INSERT_GENERATION = insert(GenerationRecord.__table__)
 
 
 @dataclass
@@ -246,7 +256,7 @@ def finish_generation(
         generation_id=generation.id,
         records=lambda charge: (
             generation_record(generation, usage, charge, status, finish_reason),
-            touch_key_statement(generation.caller.key_id),
+            *key_use_records(generation.caller),
         ),
     )
     generation.settled = True
@@ -255,30 +265,31 @@ def finish_generation(
 
 def generation_record(
     generation: Generation, usage: Usage, cost: Decimal, status: str, finish_reason: str | None
-) -> Insert:
-    """Build the INSERT of the generation's record."""
+) -> BoundStatement:
+    """Return the INSERT of the generation's record, with its values."""
     pricing = generation.model.pricing
-    return insert(GenerationRecord).values(
-        id=generation.id,
-        account_id=generation.caller.account_id,
-        api_key_id=generation.caller.key_id,
-        model=generation.model.id,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cached_tokens=usage.cached_tokens,
-        prompt_image_tokens=usage.prompt_image_tokens,
-        reasoning_tokens=usage.reasoning_tokens,
-        cost=cost,
-        price_prompt=pricing.prompt,
-        price_completion=pricing.completion,
-        price_cached_read=pricing.cached_read,
-        price_image=pricing.image,
-        status=status,
-        finish_reason=finish_reason,
-        streamed=generation.request.stream,
-        estimated=usage.estimated,
-        latency_ms=int((time.monotonic() - generation.started) * 1000),
-    )
+    return _INSERT_GENERATION, {
+        "id": generation.id,
+        "account_id": generation.caller.account_id,
+        "api_key_id": generation.caller.key_id,
+        "model": generation.model.id,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "prompt_image_tokens": usage.prompt_image_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "cost": cost,
+        "price_prompt": pricing.prompt,
+        "price_completion": pricing.completion,
+        "price_cached_read": pricing.cached_read,
+        "price_image": pricing.image,
+        "status": status,
+        "finish_reason": finish_reason,
+        "streamed": generation.request.stream,
+        "estimated": usage.estimated,
+        "latency_ms": int((time.monotonic() - generation.started) * 1000),
+        "created_at": utcnow(),
+    }
 
 
 def usage_body(usage: Usage, cost: Decimal) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import Executable, func, insert, literal, select, update
+from sqlalchemy import Executable, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.credits.errors import IdempotencyConflict
@@ -25,6 +26,38 @@ from app.extensions import db
 GRANT = "grant"
 CHARGE = "charge"
 OPEN, SETTLED, EXPIRED = "open", "settled", "expired"
+
+
+# The statements of the hot path are built once: constructing a statement costs more CPU
+# than executing it (about 0.15 ms each), and a prebuilt one's cache key is memoized.
+_accounts, _holds, _entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
+_amount = bindparam("amount", type_=Money())
+_RESERVE = (
+    update(_accounts)
+    .where(
+        _accounts.c.id == bindparam("account_id"),
+        _accounts.c.balance - _accounts.c.reserved >= _amount,
+    )
+    .values(reserved=_accounts.c.reserved + _amount)
+)
+_DEBIT = (
+    update(_accounts)
+    .where(_accounts.c.id == bindparam("account_id"))
+    .values(
+        balance=_accounts.c.balance - bindparam("charge", type_=Money()),
+        reserved=_accounts.c.reserved - bindparam("released", type_=Money()),
+    )
+)
+_INSERT_HOLD = insert(_holds)
+_CLOSE_HOLD = (
+    update(_holds)
+    .where(_holds.c.id == bindparam("hold_id"), _holds.c.status == OPEN)
+    .values(status=bindparam("status"))
+)
+_INSERT_ENTRY = insert(_entries)
+
+BoundStatement = tuple[Executable, dict[str, Any]]
+"""A statement and the parameters to execute it with."""
 
 
 @dataclass(frozen=True)
@@ -113,28 +146,22 @@ def place_hold(*, account_id: int, amount: Decimal, ttl_seconds: int) -> HeldCre
 
 
 def _try_place_hold(account_id: int, amount: Decimal, ttl_seconds: int) -> HeldCredit | None:
-    reserved = db.session.execute(
-        update(Account)
-        # The arithmetic's type is the integer column's, not Money: bind the amount as Money.
-        .where(
-            Account.id == account_id, Account.balance - Account.reserved >= literal(amount, Money)
-        )
-        .values(reserved=Account.reserved + amount)
-    )
+    reserved = db.session.execute(_RESERVE, {"account_id": account_id, "amount": amount})
     if reserved.rowcount != 1:
         db.session.rollback()
         return None
     hold_id = secrets.token_hex(16)
     now = utcnow()
     db.session.execute(
-        insert(Hold).values(
-            id=hold_id,
-            account_id=account_id,
-            amount=amount,
-            status=OPEN,
-            created_at=now,
-            expires_at=now + timedelta(seconds=ttl_seconds),
-        )
+        _INSERT_HOLD,
+        {
+            "id": hold_id,
+            "account_id": account_id,
+            "amount": amount,
+            "status": OPEN,
+            "created_at": now,
+            "expires_at": now + timedelta(seconds=ttl_seconds),
+        },
     )
     db.session.commit()
     return HeldCredit(id=hold_id, account_id=account_id, amount=amount)
@@ -154,17 +181,15 @@ def settle_hold(
     *,
     cost: Decimal,
     generation_id: str,
-    records: Callable[[Decimal], Sequence[Executable]] = lambda charge: (),
+    records: Callable[[Decimal], Sequence[BoundStatement]] = lambda charge: (),
 ) -> Decimal:
     """Replace ``hold`` by a charge of ``cost`` (at most the hold); return the charge.
 
-    ``records(charge)`` gives the statements that must be committed with the charge or
-    not at all (the generation record, the key's last use). A hold that expired
-    meanwhile is charged from the balance, never below zero.
+    ``records(charge)`` gives the statements (with their parameters) that must be
+    committed with the charge or not at all: the generation record, the key's last use.
+    A hold that expired meanwhile is charged from the balance, never below zero.
     """
-    released = db.session.execute(
-        update(Hold).where(Hold.id == hold.id, Hold.status == OPEN).values(status=SETTLED)
-    )
+    released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
     if released.rowcount == 1:
         charge = min(cost, hold.amount)
         reserved_change = hold.amount
@@ -173,25 +198,24 @@ def settle_hold(
         charge = min(cost, max(_locked_available_balance(hold.account_id), Decimal(0)))
         reserved_change = Decimal(0)
     db.session.execute(
-        update(Account)
-        .where(Account.id == hold.account_id)
-        .values(
-            balance=Account.balance - charge,
-            reserved=Account.reserved - reserved_change,
-        )
+        _DEBIT,
+        {"account_id": hold.account_id, "charge": charge, "released": reserved_change},
     )
     if charge > 0:
         db.session.execute(
-            insert(LedgerEntry).values(
-                account_id=hold.account_id,
-                kind=CHARGE,
-                amount=-charge,
-                generation_id=generation_id,
-                created_at=utcnow(),
-            )
+            _INSERT_ENTRY,
+            {
+                "account_id": hold.account_id,
+                "kind": CHARGE,
+                "amount": -charge,
+                "generation_id": generation_id,
+                "idempotency_key": None,
+                "description": None,
+                "created_at": utcnow(),
+            },
         )
-    for statement in records(charge):
-        db.session.execute(statement)
+    for statement, parameters in records(charge):
+        db.session.execute(statement, parameters)
     db.session.commit()
     return charge
 
@@ -229,15 +253,11 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
 
 
 def _expire_hold(hold_id: str, account_id: int, amount: Decimal) -> int:
-    result = db.session.execute(
-        update(Hold).where(Hold.id == hold_id, Hold.status == OPEN).values(status=EXPIRED)
-    )
+    result = db.session.execute(_CLOSE_HOLD, {"hold_id": hold_id, "status": EXPIRED})
     if result.rowcount != 1:
         db.session.rollback()
         return 0
-    db.session.execute(
-        update(Account).where(Account.id == account_id).values(reserved=Account.reserved - amount)
-    )
+    db.session.execute(_DEBIT, {"account_id": account_id, "charge": 0, "released": amount})
     db.session.commit()
     return 1
 
