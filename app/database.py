@@ -65,10 +65,13 @@ def utcnow() -> datetime:
 @event.listens_for(Engine, "connect")
 def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
     # WAL lets readers run beside the one writer; busy_timeout makes concurrent writers
-    # wait their turn instead of failing at once with "database is locked".
+    # wait their turn instead of failing at once with "database is locked". In WAL mode
+    # synchronous=NORMAL skips the fsync of every commit (0.35 ms each, two a request):
+    # a commit survives the process dying, only a power loss can undo the last ones.
     if type(dbapi_connection).__module__.startswith("sqlite3"):
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
