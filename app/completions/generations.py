@@ -31,7 +31,6 @@ from app.credits.ledger import (
 )
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
 from app.database import utcnow
-from app.errors import APIError
 from app.providers.base import ChatRequest, Chunk, Completion, Usage
 from app.providers.router import complete_on_routes, stream_on_routes
 
@@ -177,7 +176,7 @@ def run_completion(generation: Generation) -> dict[str, Any]:
 def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
     """Yield the generation's chunk bodies; settle once, however the stream ends."""
     meter = StreamMeter(generation)
-    status = CANCELLED
+    status = FAILED
     try:
         for chunk in stream_on_routes(generation.model.routes, generation.request):
             if chunk.usage is not None:
@@ -192,8 +191,9 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
         )
         if generation.request.include_usage:
             yield usage_chunk_body(generation, meter.final_usage(), cost)
-    except APIError:
-        status = FAILED
+    except GeneratorExit:
+        # The server closes the generator when the caller has gone away.
+        status = CANCELLED
         raise
     finally:
         if not generation.settled:
