@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+import requests
 
 
 @pytest.fixture
@@ -22,3 +23,19 @@ def make_client(live_server):
 def sdk(make_client, funded_key) -> openai.OpenAI:
     """An SDK client with a funded key."""
     return make_client(funded_key.key)
+
+
+def open_slow_stream(base_url: str, key: str, words: int = 300) -> requests.Response:
+    """Start a long stream from dev-slow (one token every 50 ms) and return it unread."""
+    prompt = " ".join(f"w{i}" for i in range(words))
+    return requests.post(
+        f"{base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": "dev-slow",
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+        },
+        stream=True,
+        timeout=30,
+    )

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from app.completions.models import Generation
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
+from tests.contract.conftest import open_slow_stream
 
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -129,18 +130,7 @@ def test_a_stream_cut_by_the_upstream_is_settled_for_what_was_delivered(
 def test_a_stream_cut_by_the_caller_is_settled_once_for_what_was_produced(
     app, live_server, funded_key
 ):
-    words = " ".join(f"w{i}" for i in range(200))
-    with requests.post(
-        f"{live_server.url}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {funded_key.key}"},
-        json={
-            "model": "dev-slow",
-            "messages": [{"role": "user", "content": words}],
-            "stream": True,
-        },
-        stream=True,
-        timeout=30,
-    ) as response:
+    with open_slow_stream(live_server.url, funded_key.key, words=200) as response:
         lines = response.iter_lines()
         received = [next(lines) for _ in range(12)]
     received = [line for line in received if line.startswith(b"data: ")]

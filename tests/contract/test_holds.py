@@ -8,12 +8,12 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-import requests
 from sqlalchemy import select
 
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
 from tests.conftest import running_server
+from tests.contract.conftest import open_slow_stream
 
 
 def child_pids(parent: int) -> list[int]:
@@ -47,18 +47,7 @@ def test_a_killed_workers_hold_expires_and_is_released(
 ):
     funded = make_funded_key(Decimal("1"))
     with running_server(database_url, tmp_path, HOLD_TTL_SECONDS="2") as server:
-        words = " ".join(f"w{i}" for i in range(300))
-        response = requests.post(
-            f"{server.url}/v1/chat/completions",
-            headers={"Authorization": f"Bearer {funded.key}"},
-            json={
-                "model": "dev-slow",
-                "messages": [{"role": "user", "content": words}],
-                "stream": True,
-            },
-            stream=True,
-            timeout=30,
-        )
+        response = open_slow_stream(server.url, funded.key)
         lines = response.iter_lines()
         assert next(lines).startswith(b"data: ")
         (worker,) = child_pids(server.process.pid)
