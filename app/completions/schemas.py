@@ -434,6 +434,7 @@ def _first_error(messages: Any) -> tuple[str, str]:
 
 
 _REQUEST_SCHEMA = ChatCompletionRequest()
+_REQUEST_FIELDS = frozenset(_REQUEST_SCHEMA.fields)
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -455,4 +456,6 @@ def parse_chat_request(body: Any) -> ChatRequest:
         params=params,
         stream=stream,
         include_usage=stream and stream_options.get("include_usage", False),
+        # Kept aside, not validated: only a model's catalog entry can let them through.
+        extra={key: value for key, value in body.items() if key not in _REQUEST_FIELDS},
     )

@@ -16,10 +16,12 @@ from typing import Any, ClassVar
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """A validated chat completion request, as the caller sent it minus unknown fields.
+    """A validated chat completion request, as the caller sent it.
 
     ``params`` holds every optional field of the contract's ChatCompletionRequest that the
     caller set (temperature, tools, response_format, ...), under its public name.
+    ``extra`` holds the caller's top-level fields the contract does not know, unchecked:
+    an adapter forwards only those a model's catalog entry lists in ``extra_params``.
     """
 
     model: str
@@ -27,6 +29,7 @@ class ChatRequest:
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def max_output_tokens(self) -> int | None:
@@ -128,13 +131,15 @@ class RouteTarget:
 
     ``upstream_model`` is the upstream's own name for the model; ``extra_params`` names
     request fields beyond the standard ones that this model accepts and that may be
-    forwarded; ``capabilities`` are the catalog's (tools, json_schema, reasoning, vision).
+    forwarded; ``capabilities`` are the catalog's (tools, json_schema, reasoning, vision);
+    ``tokenizer`` names the encoding that counts the model's tokens, when the catalog says.
     """
 
     upstream_model: str
     capabilities: frozenset[str] = frozenset()
     extra_params: frozenset[str] = frozenset()
     max_output_tokens: int | None = None
+    tokenizer: str | None = None
 
 
 class Adapter(ABC):

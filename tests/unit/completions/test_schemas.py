@@ -627,6 +627,16 @@ def test_drops_unknown_fields_at_every_level():
     }
 
 
+def test_keeps_unknown_top_level_fields_aside_for_the_catalog_to_allow():
+    body = make_body(temperature=0.5, top_k=40, chat_template_kwargs={"thinking": True})
+
+    request = parse_chat_request(body)
+
+    assert request.extra == {"top_k": 40, "chat_template_kwargs": {"thinking": True}}
+    assert request.params == {"temperature": 0.5}
+    assert parse_chat_request(make_body(stream=True)).extra == {}
+
+
 def test_keeps_free_form_objects_whole():
     json_schema = {"name": "a", "schema": {"type": "object", "x-order": 1}, "extra": [1]}
     parameters = {"type": "object", "properties": {}, "$defs": {"d": {}}, "x-anything": None}
