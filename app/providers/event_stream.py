@@ -1,0 +1,78 @@
+"""Read a Server-Sent Events stream as it arrives, whatever the reads cut it into.
+
+Follows the WHATWG event-stream rules that upstreams rely on: lines end in CRLF, LF or a
+lone CR; ``:`` starts a comment (OpenRouter's ``: OPENROUTER PROCESSING``, keep-alives);
+``event:`` names the event (Anthropic's protocol); several ``data:`` lines join with a
+newline; a blank line dispatches the event; one space after the colon is dropped. Lines
+are split as bytes and decoded whole, so a UTF-8 character cut by a read stays intact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSentEvent:
+    """One dispatched event: its name (``message`` unless named) and its data."""
+
+    event: str
+    data: str
+
+
+def split_lines(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Split the complete lines off ``buffer``; return them and the unfinished rest."""
+    lines = LINE_BREAK.split(buffer)
+    rest = lines.pop()
+    if lines and buffer.endswith(b"\r"):
+        # The CR may be the first half of a CRLF whose LF is in the next read: keep the
+        # line back, or the LF would read as one more (event-dispatching) blank line.
+        rest = lines.pop() + b"\r"
+    return lines, rest
+
+
+def read_events(reads: Iterable[bytes]) -> Iterator[ServerSentEvent]:
+    """Yield the events of a stream delivered as ``reads`` of any size."""
+    builder = EventBuilder()
+    rest = b""
+    for read in reads:
+        lines, rest = split_lines(rest + read)
+        yield from builder.take(lines)
+    # A CR held back at the end still ends its line; an event without its blank line is
+    # unfinished and dropped, as the rules say.
+    yield from builder.take(split_lines(rest + b"\n")[0])
+
+
+class EventBuilder:
+    """Collects field lines into events and dispatches each at its blank line."""
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+
+    def take(self, lines: list[bytes]) -> Iterator[ServerSentEvent]:
+        """Apply ``lines``; yield every event they complete."""
+        for line in lines:
+            if line:
+                self._take_field(line)
+            elif self.data:
+                yield ServerSentEvent(self.event or "message", "\n".join(self.data))
+                self.event, self.data = "", []
+            else:
+                self.event = ""
+
+    def _take_field(self, line: bytes) -> None:
+        if line[:1] == b":":
+            return
+        name, _, value = line.decode("utf-8", "replace").partition(":")
+        if value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self.data.append(value)
+        elif name == "event":
+            self.event = value
+        # id and retry steer a browser's reconnection; an upstream call never reconnects.
