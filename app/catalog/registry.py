@@ -15,10 +15,12 @@ from app.catalog.errors import CatalogError, UnknownModel
 from app.credits.pricing import Pricing
 from app.providers import ADAPTERS
 from app.providers.base import Adapter, RouteTarget, UpstreamConfig
+from app.providers.tokens import encoding_names
 
 CAPABILITIES = frozenset({"tools", "json_schema", "reasoning", "vision"})
 BUILTIN_UPSTREAM = "builtin"
 DEFAULT_CREATED = 1_700_000_000
+URL_SCHEMES = ("http://", "https://")
 UPSTREAM_KEYS = frozenset(
     {"kind", "base_url", "api_key_env", "connect_timeout", "read_timeout", "retries"}
 )
@@ -113,8 +115,8 @@ def _build_adapters(upstreams: Mapping[str, Any], path: str) -> dict[str, Adapte
         kind = entry.get("kind")
         if kind not in ADAPTERS:
             raise CatalogError(f"{where}: kind must be one of {', '.join(sorted(ADAPTERS))}")
-        if kind != "builtin" and not entry.get("base_url"):
-            raise CatalogError(f"{where}: base_url is required")
+        if kind != "builtin" and not str(entry.get("base_url", "")).startswith(URL_SCHEMES):
+            raise CatalogError(f"{where}: base_url is required, as an http:// or https:// URL")
         configs[name] = UpstreamConfig(
             name=name,
             kind=kind,
@@ -125,7 +127,18 @@ def _build_adapters(upstreams: Mapping[str, Any], path: str) -> dict[str, Adapte
             retries=int(entry.get("retries", 2)),
             options={key: value for key, value in entry.items() if key not in UPSTREAM_KEYS},
         )
-    return {name: ADAPTERS[config.kind](config) for name, config in configs.items()}
+    return {
+        name: _build_adapter(config, f"{path}: upstreams.{name}")
+        for name, config in configs.items()
+    }
+
+
+def _build_adapter(config: UpstreamConfig, where: str) -> Adapter:
+    try:
+        return ADAPTERS[config.kind](config)
+    except ValueError as exc:
+        # Adapters check their own options (pool_size, tokenizer, ...) and name the key.
+        raise CatalogError(f"{where}: {exc}") from None
 
 
 def _build_model(
@@ -167,11 +180,15 @@ def _build_route(
     upstream = route.get("upstream")
     if upstream not in adapters:
         raise CatalogError(f"{where}: unknown upstream {upstream!r}")
+    tokenizer = entry.get("tokenizer")
+    if tokenizer is not None and tokenizer not in encoding_names():
+        raise CatalogError(f"{where}: tokenizer must be one of {', '.join(encoding_names())}")
     target = RouteTarget(
         upstream_model=str(route.get("model") or entry["id"]),
         capabilities=capabilities,
         extra_params=frozenset(entry.get("extra_params", [])),
         max_output_tokens=max_output,
+        tokenizer=tokenizer,
     )
     return Route(adapter=adapters[upstream], target=target)
 

@@ -1,4 +1,10 @@
-"""What can go wrong with an upstream, in terms the gateway maps to the contract's statuses."""
+"""What can go wrong with an upstream, in terms the gateway maps to the contract's statuses.
+
+Every ``UpstreamError`` lets the router move on to the model's next route; ``retryable``
+says whether trying the same upstream again may help, and ``retry_after`` is the wait the
+upstream asked for (its ``Retry-After``), if any. Messages never name the upstream, its
+address or its key: they reach the caller.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,17 @@ class UpstreamError(APIError):
     code = "upstream_error"
     retryable = True
     default_message = "The model's upstream failed to answer. Retry with backoff."
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        retry_after: float | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after = retry_after
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -29,6 +46,15 @@ class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
     default_message = "The model's upstream timed out. Retry with backoff."
+
+
+class UpstreamMisconfigured(UpstreamError):
+    """The upstream refused the gateway itself (its 401/403/404): the operator must fix it.
+
+    Trying the same upstream again cannot help, another route may.
+    """
+
+    retryable = False
 
 
 class UpstreamRejected(APIError):

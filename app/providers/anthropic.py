@@ -1,0 +1,468 @@
+"""Anthropic's Messages API, by translation both ways.
+
+Out: system messages become ``system``; turns of the same role merge (the API wants them
+alternating); images become base64 or url sources; tools get an ``input_schema``, tool
+calls become ``tool_use`` blocks and tool messages ``tool_result`` blocks of a user turn;
+``reasoning_effort`` becomes extended thinking with a token budget. Back: text, thinking
+(``reasoning`` plus ``reasoning_details`` that keep the signature), tool calls, usage with
+cache reads, and stop reasons as finish reasons; a stream's events become OpenAI chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+
+from app.encoding import dumps, loads
+from app.providers.base import ChatRequest, Chunk, Completion, RouteTarget, UpstreamConfig, Usage
+from app.providers.errors import (
+    UpstreamError,
+    UpstreamMisconfigured,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from app.providers.event_stream import ServerSentEvent, read_events
+from app.providers.transport import HttpUpstreamAdapter, received_chunks, release_response
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+# Thinking tokens per effort. The API takes no less than 1024, and wants the budget below
+# max_tokens; at most three quarters of it, so that the answer keeps room of its own.
+THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576}
+MIN_THINKING_BUDGET = 1024
+REASONING_FORMAT = "anthropic-claude-v1"
+ERRORS_BY_TYPE: dict[str, type[UpstreamError]] = {
+    "overloaded_error": UpstreamUnavailable,
+    "rate_limit_error": UpstreamUnavailable,
+    "timeout_error": UpstreamTimeout,
+    "authentication_error": UpstreamMisconfigured,
+    "permission_error": UpstreamMisconfigured,
+    "not_found_error": UpstreamMisconfigured,
+}
+
+
+def as_count(value: Any) -> int:
+    """Return a token count from the upstream's usage, 0 when absent or not a count."""
+    return value if type(value) is int and value > 0 else 0
+
+
+def text_of(content: Any) -> str:
+    """Join the text parts of a message's content (a string is its own text)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text") or "" for part in content or () if part.get("type") == "text")
+
+
+def system_prompt(messages: list[dict[str, Any]]) -> str | None:
+    """Join the system (and developer) messages, wherever they stand, into one prompt."""
+    texts = [text_of(m.get("content")) for m in messages if m["role"] == "system"]
+    return "\n\n".join(text for text in texts if text) or None
+
+
+def image_block(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """Translate an image part: a base64 ``data:`` URI or an http(s) URL."""
+    url = part["image_url"]["url"]
+    if url.startswith(("http://", "https://")):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    header, _, data = url.partition(",")
+    media_type, _, encoding = header.removeprefix("data:").partition(";")
+    if not header.startswith("data:") or encoding != "base64" or not data:
+        raise UpstreamRejected(
+            "An image must be an http(s) URL or a base64 data: URI for this model.",
+            param=f"{where}.image_url.url",
+        )
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def content_blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """Translate a message's content into text and image blocks (empty texts dropped)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks = []
+    for index, part in enumerate(content or ()):
+        if part.get("type") == "image_url":
+            blocks.append(image_block(part, f"{where}.content[{index}]"))
+        elif part.get("text"):
+            blocks.append({"type": "text", "text": part["text"]})
+    return blocks
+
+
+def tool_use_block(call: dict[str, Any], where: str) -> dict[str, Any]:
+    """Translate an assistant's earlier tool call; its arguments must be a JSON object."""
+    function = call["function"]
+    try:
+        arguments = loads(function["arguments"] or "{}")
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise UpstreamRejected(
+            "Tool call arguments must be a JSON object for this model.",
+            param=f"{where}.function.arguments",
+        )
+    return {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
+
+
+def turn_of(message: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]]]:
+    """Translate one non-system message into a (role, blocks) turn."""
+    role = message["role"]
+    if role == "tool":
+        content = message.get("content")
+        result = content if isinstance(content, str) else content_blocks(content, where)
+        block = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": result}
+        return "user", [block]
+    blocks = content_blocks(message.get("content"), where)
+    if role == "assistant":
+        calls = message.get("tool_calls") or ()
+        blocks += [tool_use_block(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
+    return ("assistant" if role == "assistant" else "user"), blocks
+
+
+def anthropic_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Translate the conversation, merging neighbouring turns of the same role."""
+    turns: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        if message["role"] == "system":
+            continue
+        role, blocks = turn_of(message, f"messages[{index}]")
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return turns
+
+
+def tool_definitions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Translate function tools into Anthropic tools with an ``input_schema``."""
+    definitions = []
+    for tool in tools:
+        function = tool["function"]
+        definition = {
+            "name": function["name"],
+            "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+        }
+        if function.get("description"):
+            definition["description"] = function["description"]
+        definitions.append(definition)
+    return definitions
+
+
+def tool_choice(params: dict[str, Any]) -> dict[str, Any] | None:
+    """Translate tool_choice and parallel_tool_calls (None: leave the API's default)."""
+    choice, parallel = params.get("tool_choice"), params.get("parallel_tool_calls")
+    if choice == "none":
+        return {"type": "none"}
+    if choice == "required":
+        translated = {"type": "any"}
+    elif isinstance(choice, dict):
+        translated = {"type": "tool", "name": choice["function"]["name"]}
+    elif choice == "auto" or parallel is False:
+        translated = {"type": "auto"}
+    else:
+        return None
+    if parallel is False:
+        translated["disable_parallel_tool_use"] = True
+    return translated
+
+
+def thinking_budget(request: ChatRequest, target: RouteTarget, max_tokens: int) -> int | None:
+    """Return the thinking budget ``reasoning_effort`` asks for, or None for no thinking.
+
+    No thinking on a model without reasoning, when a tool is forced (the API refuses
+    both at once), or while answering tool results: the API then wants the earlier turn's
+    signed thinking back, which the contract's messages cannot carry.
+    """
+    effort = request.params.get("reasoning_effort")
+    if effort not in THINKING_BUDGETS or "reasoning" not in target.capabilities:
+        return None
+    if request.params.get("tool_choice") not in (None, "none", "auto"):
+        return None
+    last_assistant = next((m for m in reversed(request.messages) if m["role"] == "assistant"), {})
+    if last_assistant.get("tool_calls"):
+        return None
+    budget = min(THINKING_BUDGETS[effort], max_tokens * 3 // 4)
+    return budget if budget >= MIN_THINKING_BUDGET else None
+
+
+def messages_request(request: ChatRequest, target: RouteTarget) -> dict[str, Any]:
+    """Build the body of POST /v1/messages."""
+    if request.choice_count > 1:
+        raise UpstreamRejected("This model returns one choice per request.", param="n")
+    params = request.params
+    max_tokens = request.max_output_tokens or target.max_output_tokens or DEFAULT_MAX_TOKENS
+    body: dict[str, Any] = {
+        "model": target.upstream_model,
+        "max_tokens": max_tokens,
+        "messages": anthropic_messages(request.messages),
+    }
+    if system := system_prompt(request.messages):
+        body["system"] = system
+    sampling_options(body, params, thinking_budget(request, target, max_tokens))
+    if params.get("tools"):
+        body["tools"] = tool_definitions(params["tools"])
+        if choice := tool_choice(params):
+            body["tool_choice"] = choice
+    if params.get("user"):
+        body["metadata"] = {"user_id": params["user"]}
+    body.update((k, v) for k, v in request.extra.items() if k in target.extra_params)
+    if request.stream:
+        body["stream"] = True
+    return body
+
+
+def sampling_options(body: dict[str, Any], params: dict[str, Any], budget: int | None) -> None:
+    """Set stop sequences, and thinking or temperature/top_p (thinking allows neither)."""
+    stop = params.get("stop")
+    if stop:
+        body["stop_sequences"] = [stop] if isinstance(stop, str) else stop
+    if budget is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        return
+    if "temperature" in params:
+        # The contract's range is 0-2, Anthropic's 0-1.
+        body["temperature"] = min(params["temperature"], 1)
+    if "top_p" in params:
+        body["top_p"] = params["top_p"]
+
+
+def usage_from(raw: dict[str, Any], reasoning_tokens: int = 0) -> Usage:
+    """Read Anthropic usage: the prompt is input plus cache reads and cache writes."""
+    cache_read = as_count(raw.get("cache_read_input_tokens"))
+    output = as_count(raw.get("output_tokens"))
+    return Usage(
+        prompt_tokens=as_count(raw.get("input_tokens"))
+        + cache_read
+        + as_count(raw.get("cache_creation_input_tokens")),
+        completion_tokens=output,
+        cached_tokens=cache_read,
+        reasoning_tokens=min(reasoning_tokens, output),
+    )
+
+
+def reported_reasoning_tokens(raw: dict[str, Any]) -> int | None:
+    """Return the thinking tokens the usage reports, when it does."""
+    details = raw.get("output_tokens_details")
+    return as_count(details.get("thinking_tokens")) if isinstance(details, dict) else None
+
+
+def reasoning_detail(block: dict[str, Any], index: int) -> dict[str, Any] | None:
+    """Translate a thinking or redacted_thinking block into a reasoning_details entry."""
+    if block.get("type") == "thinking":
+        detail = {"type": "reasoning.text", "text": block.get("thinking") or ""}
+        detail["signature"] = block.get("signature")
+    elif block.get("type") == "redacted_thinking":
+        detail = {"type": "reasoning.encrypted", "data": block.get("data")}
+    else:
+        return None
+    return {**detail, "format": REASONING_FORMAT, "index": index}
+
+
+def tool_call_of(block: dict[str, Any]) -> dict[str, Any]:
+    """Translate a tool_use block into the contract's ToolCall."""
+    arguments = dumps(block.get("input") or {}).decode()
+    return {
+        "id": block["id"],
+        "type": "function",
+        "function": {"name": block["name"], "arguments": arguments},
+    }
+
+
+def message_from(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Translate a response's content blocks into the contract's ResponseMessage."""
+    texts = [b.get("text") or "" for b in blocks if b.get("type") == "text"]
+    details = [d for i, b in enumerate(blocks) if (d := reasoning_detail(b, i))]
+    calls = [tool_call_of(b) for b in blocks if b.get("type") == "tool_use"]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(texts) if texts or not calls else None,
+        "refusal": None,
+    }
+    if details:
+        message["reasoning"] = "".join(d.get("text", "") for d in details) or None
+        message["reasoning_details"] = details
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def stream_error(payload: dict[str, Any]) -> Exception:
+    """Map an ``error`` event (or error body) to the gateway's error."""
+    error = payload.get("error") if isinstance(payload.get("error"), dict) else {}
+    kind, message = error.get("type"), error.get("message")
+    if kind in ("invalid_request_error", "request_too_large") and isinstance(message, str):
+        return UpstreamRejected(message)
+    log.warning("anthropic upstream error event: %s", kind)
+    return ERRORS_BY_TYPE.get(kind, UpstreamError)()
+
+
+class StreamTranslation:
+    """Turns one Anthropic event stream into OpenAI-shaped chunks, keeping what it needs.
+
+    Tool-call indexes count tool_use blocks (0, 1, ...), whatever their block index.
+    """
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] = {}
+        self.tool_indexes: dict[int, int] = {}
+        self.thinking: list[str] = []
+        self.finished = False
+
+    def chunk_for(self, event: ServerSentEvent) -> Chunk | None:
+        """Return the chunk an event stands for, if any; raise on an error event."""
+        if event.event == "ping":
+            return None
+        try:
+            payload = loads(event.data)
+        except ValueError:
+            raise UpstreamError("The model's upstream sent a malformed event.") from None
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "error":
+            raise stream_error(payload)
+        if kind == "message_start":
+            self.take_usage((payload.get("message") or {}).get("usage"))
+            return delta_chunk({"role": "assistant", "content": ""})
+        if kind == "content_block_start":
+            return self.block_start(payload.get("index", 0), payload.get("content_block") or {})
+        if kind == "content_block_delta":
+            return self.block_delta(payload.get("index", 0), payload.get("delta") or {})
+        if kind == "message_delta":
+            self.take_usage(payload.get("usage"))
+            reason = (payload.get("delta") or {}).get("stop_reason")
+            return delta_chunk({}, FINISH_REASONS.get(reason, "stop")) if reason else None
+        self.finished = self.finished or kind == "message_stop"
+        return None
+
+    def take_usage(self, usage: Any) -> None:
+        """Keep the counts of a usage object; message_delta's output_tokens is a running total."""
+        if isinstance(usage, dict):
+            self.usage.update(
+                (k, v) for k, v in usage.items() if type(v) is int or k.endswith("details")
+            )
+
+    def block_start(self, index: int, block: dict[str, Any]) -> Chunk | None:
+        """Open a content block: a tool call announces its id and name."""
+        kind = block.get("type")
+        if kind == "tool_use":
+            position = self.tool_indexes[index] = len(self.tool_indexes)
+            function = {"name": block.get("name"), "arguments": ""}
+            call = {
+                "index": position,
+                "id": block.get("id"),
+                "type": "function",
+                "function": function,
+            }
+            return delta_chunk({"tool_calls": [call]})
+        if kind == "redacted_thinking":
+            return delta_chunk({"reasoning_details": [reasoning_detail(block, index)]})
+        if kind == "text" and block.get("text"):
+            return delta_chunk({"content": block["text"]})
+        return None
+
+    def block_delta(self, index: int, delta: dict[str, Any]) -> Chunk | None:
+        """Translate one delta of a content block."""
+        kind = delta.get("type")
+        if kind == "text_delta" and delta.get("text"):
+            return delta_chunk({"content": delta["text"]})
+        if kind == "thinking_delta" and delta.get("thinking"):
+            self.thinking.append(delta["thinking"])
+            return delta_chunk({"reasoning": delta["thinking"]})
+        if kind == "signature_delta":
+            detail = {"type": "reasoning.text", "signature": delta.get("signature")}
+            detail.update(format=REASONING_FORMAT, index=index)
+            return delta_chunk({"reasoning_details": [detail]})
+        if kind == "input_json_delta" and delta.get("partial_json") and index in self.tool_indexes:
+            call = {
+                "index": self.tool_indexes[index],
+                "function": {"arguments": delta["partial_json"]},
+            }
+            return delta_chunk({"tool_calls": [call]})
+        return None
+
+
+def delta_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> Chunk:
+    """Build a chunk of the one choice an Anthropic answer has."""
+    return Chunk(choices=[{"index": 0, "delta": delta, "finish_reason": finish_reason}])
+
+
+class AnthropicAdapter(HttpUpstreamAdapter):
+    """Calls ``{base_url}/v1/messages``, translating to and from the contract's shapes."""
+
+    kind = "anthropic"
+    # Claude's tokenizer is not public; it counts about a fifth more tokens than
+    # cl100k_base for the same English text, more for code.
+    token_ratio = 1.2
+
+    def __init__(self, upstream: UpstreamConfig) -> None:
+        super().__init__(upstream)
+        self.url = f"{(upstream.base_url or '').rstrip('/')}/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        """Return the request headers: the API version and, if configured, the key."""
+        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION}
+        if key := self.api_key():
+            headers["x-api-key"] = key
+        return headers
+
+    def call(self, request: ChatRequest, target: RouteTarget) -> requests.Response:
+        """Send the translated request; return the upstream's successful response."""
+        return self.post(
+            self.url,
+            messages_request(request, target),
+            self.headers(),
+            stream=request.stream,
+            public_model=request.model,
+        )
+
+    def complete(self, request: ChatRequest, target: RouteTarget) -> Completion:
+        """Ask for the whole answer and translate it back."""
+        body = self.read_json(self.call(request, target))
+        if body.get("type") == "error":
+            raise stream_error(body)
+        message = message_from(body.get("content") or [])
+        raw_usage = body.get("usage") or {}
+        reasoning = reported_reasoning_tokens(raw_usage)
+        if reasoning is None:
+            reasoning = self.count_text_tokens(message.get("reasoning") or "", target)
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": FINISH_REASONS.get(body.get("stop_reason"), "stop"),
+            "logprobs": None,
+        }
+        return Completion(choices=[choice], usage=usage_from(raw_usage, reasoning))
+
+    def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
+        """Relay the translated events as they arrive, then the usage."""
+        response = self.call(request, target)
+        translation = StreamTranslation()
+        try:
+            for event in read_events(received_chunks(response)):
+                if chunk := translation.chunk_for(event):
+                    yield chunk
+                if translation.finished:
+                    break
+            else:
+                raise UpstreamError("The model's upstream ended the answer early.")
+        finally:
+            # Also when the caller went away: the upstream stops generating at once.
+            release_response(response, complete=translation.finished)
+        reasoning = reported_reasoning_tokens(translation.usage)
+        if reasoning is None:
+            reasoning = self.count_text_tokens("".join(translation.thinking), target)
+        yield Chunk(choices=[], usage=usage_from(translation.usage, reasoning))

@@ -1,0 +1,215 @@
+"""OpenAI-compatible upstreams: own servers (vLLM, llama.cpp, Ollama, TGI) and third parties.
+
+The request goes out as the caller sent it: the contract's fields, the extras the model's
+catalog entry allows, and the upstream's name for the model. The answer comes back cut to
+the contract's fields, so that nothing of the upstream (its name for the model, its own
+extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
+``reasoning``. Streams always ask for usage, so billing uses the upstream's counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+
+from app.encoding import loads
+from app.providers.base import ChatRequest, Chunk, Completion, RouteTarget, UpstreamConfig, Usage
+from app.providers.errors import UpstreamError
+from app.providers.event_stream import ServerSentEvent, read_events
+from app.providers.transport import HttpUpstreamAdapter, received_chunks, release_response
+
+MESSAGE_FIELDS = ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
+DONE = "[DONE]"
+
+
+def as_count(value: Any) -> int:
+    """Return a token count from an upstream's usage, 0 when absent or not a count."""
+    return value if type(value) is int and value > 0 else 0
+
+
+def usage_from(raw: dict[str, Any]) -> Usage:
+    """Read an OpenAI-shaped usage object (with DeepSeek's cache-hit count as a fallback)."""
+    prompt_details = raw.get("prompt_tokens_details") or {}
+    completion_details = raw.get("completion_tokens_details") or {}
+    prompt = as_count(raw.get("prompt_tokens"))
+    cached = as_count(prompt_details.get("cached_tokens")) or as_count(
+        raw.get("prompt_cache_hit_tokens")
+    )
+    cached = min(cached, prompt)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=as_count(raw.get("completion_tokens")),
+        cached_tokens=cached,
+        prompt_image_tokens=min(as_count(prompt_details.get("image_tokens")), prompt - cached),
+        reasoning_tokens=as_count(completion_details.get("reasoning_tokens")),
+    )
+
+
+def public_fields(message: dict[str, Any]) -> dict[str, Any]:
+    """Keep the contract's fields of a message or delta that are set; rename reasoning."""
+    fields = {key: message[key] for key in MESSAGE_FIELDS if message.get(key) not in (None, [])}
+    if "reasoning" not in fields and message.get("reasoning_content"):
+        fields["reasoning"] = message["reasoning_content"]
+    return fields
+
+
+def choice_from(raw: dict[str, Any]) -> dict[str, Any]:
+    """Read one choice of a whole answer into the contract's Choice shape."""
+    message = {"role": "assistant", "content": None, "refusal": None}
+    message.update(public_fields(raw.get("message") or {}))
+    return {
+        "index": raw.get("index", 0),
+        "message": message,
+        "finish_reason": raw.get("finish_reason"),
+        "logprobs": raw.get("logprobs"),
+    }
+
+
+def delta_choice_from(raw: dict[str, Any]) -> dict[str, Any]:
+    """Read one choice of a stream chunk into the contract's chunk choice shape."""
+    choice = {
+        "index": raw.get("index", 0),
+        "delta": public_fields(raw.get("delta") or {}),
+        "finish_reason": raw.get("finish_reason"),
+    }
+    if raw.get("logprobs") is not None:
+        choice["logprobs"] = raw["logprobs"]
+    return choice
+
+
+def generated_texts(choices: list[dict[str, Any]]) -> Iterator[tuple[str, str | None]]:
+    """Yield (kind, text) for every generated text of whole choices: content, reasoning, calls."""
+    for choice in choices:
+        message = choice["message"]
+        yield "content", message.get("content")
+        yield "reasoning", message.get("reasoning")
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            yield "tool_call", function.get("name")
+            yield "tool_call", function.get("arguments")
+
+
+def event_payload(event: ServerSentEvent) -> dict[str, Any]:
+    """Decode one event's JSON; raise UpstreamError for garbage or an error the upstream sent."""
+    try:
+        payload = loads(event.data)
+    except ValueError:
+        raise UpstreamError("The model's upstream sent a malformed event.") from None
+    if not isinstance(payload, dict):
+        raise UpstreamError("The model's upstream sent a malformed event.")
+    if event.event == "error" or payload.get("error"):
+        # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
+        raise UpstreamError("The model's upstream failed mid-answer.")
+    return payload
+
+
+class OpenAICompatAdapter(HttpUpstreamAdapter):
+    """Calls ``{base_url}/chat/completions`` of any OpenAI-compatible server."""
+
+    kind = "openai"
+
+    def __init__(self, upstream: UpstreamConfig) -> None:
+        super().__init__(upstream)
+        self.url = f"{(upstream.base_url or '').rstrip('/')}/chat/completions"
+
+    def headers(self) -> dict[str, str]:
+        """Return the request headers, with the upstream's key as a bearer token if it has one."""
+        headers = {"Content-Type": "application/json"}
+        if key := self.api_key():
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def request_body(self, request: ChatRequest, target: RouteTarget) -> dict[str, Any]:
+        """Build the upstream's request: the caller's fields, its name for the model."""
+        body = {"model": target.upstream_model, "messages": request.messages, **request.params}
+        for key, value in request.extra.items():
+            if key in target.extra_params:
+                body[key] = value
+        if request.stream:
+            # Always: the gateway bills from it, and decides itself what the caller sees.
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def complete(self, request: ChatRequest, target: RouteTarget) -> Completion:
+        """Ask for the whole answer; count its tokens if the upstream reports no usage."""
+        response = self.call(request, target)
+        body = self.read_json(response)
+        raw_choices = body.get("choices")
+        if not isinstance(raw_choices, list) or not raw_choices:
+            raise UpstreamError("The model's upstream answered without a choice.")
+        choices = [choice_from(choice) for choice in raw_choices]
+        raw_usage = body.get("usage")
+        if isinstance(raw_usage, dict) and as_count(raw_usage.get("total_tokens")):
+            usage = usage_from(raw_usage)
+        else:
+            usage = self.estimate_usage(request, target, choices)
+        return Completion(
+            choices=choices, usage=usage, system_fingerprint=body.get("system_fingerprint")
+        )
+
+    def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
+        """Relay the upstream's chunks as they arrive, then its usage if it sent one."""
+        response = self.call(request, target)
+        complete = False
+        try:
+            yield from relay_stream(response)
+            complete = True
+        finally:
+            # Also when the caller went away: closing drops the connection, which stops
+            # the upstream generating (and charging for) tokens nobody will read.
+            release_response(response, complete=complete)
+
+    def call(self, request: ChatRequest, target: RouteTarget) -> requests.Response:
+        """Send the request; return the upstream's successful response."""
+        return self.post(
+            self.url,
+            self.request_body(request, target),
+            self.headers(),
+            stream=request.stream,
+            public_model=request.model,
+        )
+
+    def estimate_usage(
+        self, request: ChatRequest, target: RouteTarget, choices: list[dict[str, Any]]
+    ) -> Usage:
+        """Count the usage of a whole answer whose upstream reported none."""
+        completion = reasoning = 0
+        for kind, text in generated_texts(choices):
+            tokens = self.count_text_tokens(text, target) if text else 0
+            completion += tokens
+            reasoning += tokens if kind == "reasoning" else 0
+        return Usage(
+            prompt_tokens=self.count_prompt_tokens(request, target),
+            completion_tokens=completion,
+            reasoning_tokens=reasoning,
+            estimated=True,
+        )
+
+
+def relay_stream(response: requests.Response) -> Iterator[Chunk]:
+    """Turn an OpenAI-compatible event stream into chunks, usage last.
+
+    Usage may come on a chunk of its own (OpenAI, vLLM) or on the last chunk with choices;
+    either way it is yielded after every choice. A stream that ends without ``[DONE]``
+    is complete only if it finished its choices.
+    """
+    usage: Usage | None = None
+    finished = False
+    for event in read_events(received_chunks(response)):
+        if event.data == DONE:
+            finished = True
+            break
+        payload = event_payload(event)
+        if isinstance(raw_usage := payload.get("usage"), dict):
+            usage = usage_from(raw_usage)
+        if raw_choices := payload.get("choices"):
+            choices = [delta_choice_from(choice) for choice in raw_choices]
+            finished = finished or any(choice["finish_reason"] for choice in choices)
+            yield Chunk(choices=choices, system_fingerprint=payload.get("system_fingerprint"))
+    if not finished:
+        raise UpstreamError("The model's upstream ended the answer early.")
+    if usage is not None:
+        yield Chunk(choices=[], usage=usage)

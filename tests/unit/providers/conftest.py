@@ -1,0 +1,17 @@
+"""Fixtures of the adapter tests: a replay server of recorded upstream transcripts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.upstream_server import ReplayServer
+
+
+@pytest.fixture
+def replay_server() -> Iterator[ReplayServer]:
+    """A fresh replay server on a free 127.0.0.1 port, closed after the test."""
+    server = ReplayServer()
+    yield server
+    server.close()

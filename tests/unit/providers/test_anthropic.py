@@ -1,0 +1,440 @@
+"""AnthropicAdapter: the translation both ways, and the adapter against replayed transcripts."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from app.providers.anthropic import AnthropicAdapter, messages_request
+from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.errors import (
+    UpstreamError,
+    UpstreamMisconfigured,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
+from tests.upstream_server import Reply
+
+MODEL = "claude-sonnet-4-5-20250929"
+TARGET = RouteTarget(
+    upstream_model=MODEL,
+    capabilities=frozenset({"tools", "reasoning", "vision"}),
+    extra_params=frozenset({"top_k"}),
+    max_output_tokens=8192,
+)
+KEY = "sk-ant-test-secret"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {
+    "id": "toolu_01",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+
+def chat(messages=None, **fields):
+    return ChatRequest(
+        model="claude", messages=messages or [{"role": "user", "content": "Hi"}], **fields
+    )
+
+
+@pytest.fixture
+def adapter(replay_server, monkeypatch):
+    monkeypatch.setenv("CLAUDE_API_KEY", KEY)
+    return AnthropicAdapter(
+        UpstreamConfig(
+            name="claude",
+            kind="anthropic",
+            base_url=f"{replay_server.url}/claude",
+            api_key_env="CLAUDE_API_KEY",
+            read_timeout=5.0,
+        )
+    )
+
+
+def deltas(chunks):
+    return [choice["delta"] for chunk in chunks for choice in chunk.choices]
+
+
+def joined(chunks, key):
+    return "".join(delta.get(key) or "" for delta in deltas(chunks))
+
+
+def test_a_conversation_translates_to_system_and_alternating_turns():
+    image = "data:image/png;base64,iVBORw0KGgo="
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "And look at these:"},
+                {"type": "image_url", "image_url": {"url": image, "detail": "auto"}},
+                {"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "low"}},
+            ],
+        },
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "toolu_01", "content": "18 degrees"},
+        {"role": "system", "content": [{"type": "text", "text": "Use Celsius."}]},
+        {"role": "user", "content": "Thanks!"},
+    ]
+
+    body = messages_request(chat(messages, params={"max_tokens": 300}), TARGET)
+
+    assert body["system"] == "Be brief.\n\nUse Celsius."
+    assert body["max_tokens"] == 300
+    assert body["model"] == MODEL
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Weather in Paris?"},
+                {"type": "text", "text": "And look at these:"},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                },
+                {"type": "image", "source": {"type": "url", "url": "https://x/a.png"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me check."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": "18 degrees"},
+                {"type": "text", "text": "Thanks!"},
+            ],
+        },
+    ]
+    assert "stream" not in body and "thinking" not in body
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({}, None),
+        ({"tool_choice": "auto"}, {"type": "auto"}),
+        ({"tool_choice": "none"}, {"type": "none"}),
+        ({"tool_choice": "required"}, {"type": "any"}),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            {"type": "tool", "name": "get_weather"},
+        ),
+        ({"parallel_tool_calls": False}, {"type": "auto", "disable_parallel_tool_use": True}),
+        (
+            {"tool_choice": "required", "parallel_tool_calls": False},
+            {"type": "any", "disable_parallel_tool_use": True},
+        ),
+    ],
+)
+def test_tools_and_tool_choice(params, expected):
+    body = messages_request(chat(params={"tools": [WEATHER], **params}), TARGET)
+
+    assert body["tools"] == [
+        {
+            "name": "get_weather",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "description": "Current weather of a city.",
+        }
+    ]
+    assert body.get("tool_choice") == expected
+
+
+def test_sampling_stop_user_and_allowed_extras():
+    request = chat(
+        params={"temperature": 1.7, "top_p": 0.9, "stop": "END", "user": "u-1", "seed": 3},
+        extra={"top_k": 5, "service_tier": "priority"},
+        stream=True,
+    )
+
+    body = messages_request(request, TARGET)
+
+    assert body["temperature"] == 1  # Anthropic's range ends at 1
+    assert body["top_p"] == 0.9
+    assert body["stop_sequences"] == ["END"]
+    assert body["metadata"] == {"user_id": "u-1"}
+    assert body["top_k"] == 5 and "service_tier" not in body and "seed" not in body
+    assert body["stream"] is True
+    assert body["max_tokens"] == TARGET.max_output_tokens
+
+
+@pytest.mark.parametrize(
+    ("effort", "max_tokens", "budget"),
+    [("low", None, 2048), ("medium", None, 6144), ("high", 40_000, 24_576), ("high", 2000, 1500)],
+)
+def test_reasoning_effort_becomes_a_thinking_budget_below_max_tokens(effort, max_tokens, budget):
+    params = {"reasoning_effort": effort, "temperature": 0.5, "top_p": 0.9}
+    if max_tokens:
+        params["max_tokens"] = max_tokens
+
+    body = messages_request(chat(params=params), TARGET)
+
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": budget}
+    assert budget < body["max_tokens"]
+    assert "temperature" not in body and "top_p" not in body
+
+
+@pytest.mark.parametrize(
+    ("params", "messages", "target"),
+    [
+        ({"reasoning_effort": "none"}, None, TARGET),
+        ({"reasoning_effort": "high", "max_tokens": 1000}, None, TARGET),
+        ({"reasoning_effort": "high"}, None, RouteTarget(upstream_model=MODEL)),
+        ({"reasoning_effort": "high", "tools": [WEATHER], "tool_choice": "required"}, None, TARGET),
+        (
+            {"reasoning_effort": "high", "tools": [WEATHER]},
+            [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "toolu_01", "content": "18 degrees"},
+            ],
+            TARGET,
+        ),
+    ],
+    ids=["effort-none", "budget-too-small", "no-reasoning", "forced-tool", "tool-results"],
+)
+def test_no_thinking_where_the_api_would_refuse_it(params, messages, target):
+    body = messages_request(chat(messages, params=params), target)
+
+    assert "thinking" not in body
+
+
+@pytest.mark.parametrize(
+    ("request_", "param"),
+    [
+        (chat(params={"n": 2}), "n"),
+        (
+            chat(
+                [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "ftp://x"}}],
+                    }
+                ]
+            ),
+            "messages[0].content[0].image_url.url",
+        ),
+        (
+            chat(
+                [
+                    {"role": "user", "content": "Hi"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}],
+                    },
+                ]
+            ),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+    ],
+)
+def test_what_the_api_cannot_take_is_rejected_naming_the_param(request_, param):
+    with pytest.raises(UpstreamRejected) as caught:
+        messages_request(request_, TARGET)
+
+    assert caught.value.param == param
+
+
+def test_whole_answer_with_cache_reads(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_message"))
+
+    completion = adapter.complete(chat(), TARGET)
+
+    (exchange,) = replay_server.exchanges
+    assert exchange.path == "/claude/v1/messages"
+    assert exchange.headers["x-api-key"] == KEY
+    assert exchange.headers["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in exchange.headers
+    assert completion.choices == [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "The capital of France is Paris.",
+                "refusal": None,
+            },
+            "finish_reason": "stop",
+            "logprobs": None,
+        }
+    ]
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (2069, 2048, 10)
+
+
+def test_whole_answer_with_thinking_text_and_a_tool_call(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_message_tool_use"))
+
+    completion = adapter.complete(chat(params={"tools": [WEATHER]}), TARGET)
+
+    (choice,) = completion.choices
+    message = choice["message"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert message["content"] == "I'll check the weather in Paris."
+    assert message["reasoning"].startswith("The user wants the weather in Paris.")
+    assert message["reasoning_details"] == [
+        {
+            "type": "reasoning.text",
+            "text": message["reasoning"],
+            "signature": "RXVJQ2ZEZXN0LW9ubHktc2lnbmF0dXJlLW5vdC1hLXJlYWwtb25l",
+            "format": "anthropic-claude-v1",
+            "index": 0,
+        }
+    ]
+    (call,) = message["tool_calls"]
+    assert (call["id"], call["type"], call["function"]["name"]) == (
+        "toolu_01A00000000000000000000a",
+        "function",
+        "get_weather",
+    )
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (1436, 0, 96)
+    assert 0 < usage.reasoning_tokens < 96
+
+
+@pytest.mark.parametrize("write_size", [None, 1, 13])
+def test_streamed_text_with_pings_then_usage(adapter, replay_server, write_size):
+    replay_server.script("/claude", Reply("anthropic_stream_text", write_size=write_size))
+
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    assert deltas(chunks)[0] == {"role": "assistant", "content": ""}
+    assert joined(chunks, "content") == "The capital of France is Paris."
+    assert chunks[-2].choices[0]["finish_reason"] == "stop"
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == []
+    assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (2069, 2048, 10)
+
+
+def test_streamed_tool_use_becomes_indexed_tool_call_deltas(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_stream_tool_use"))
+
+    chunks = list(adapter.stream(chat(stream=True, params={"tools": [WEATHER]}), TARGET))
+
+    calls: dict[int, dict] = {}
+    for delta in deltas(chunks):
+        for piece in delta.get("tool_calls", ()):
+            call = calls.setdefault(piece["index"], {"id": None, "name": "", "arguments": ""})
+            call["id"] = piece.get("id") or call["id"]
+            call["name"] += piece["function"].get("name") or ""
+            call["arguments"] += piece["function"].get("arguments") or ""
+    assert calls == {
+        0: {
+            "id": "toolu_01A00000000000000000000b",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
+        1: {
+            "id": "toolu_01A00000000000000000000c",
+            "name": "get_weather",
+            "arguments": '{"city": "Rome"}',
+        },
+    }
+    assert joined(chunks, "content") == "I'll check both cities."
+    assert chunks[-2].choices[0]["finish_reason"] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens == 89
+
+
+def test_streamed_thinking_becomes_reasoning_with_its_signature(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_stream_thinking", write_size=9))
+
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    assert joined(chunks, "reasoning") == (
+        "Compare 9.11 and 9.8 as decimals: 9.80 > 9.11, so 9.8 is greater."
+    )
+    details = [d for delta in deltas(chunks) for d in delta.get("reasoning_details", ())]
+    assert details == [
+        {
+            "type": "reasoning.text",
+            "signature": "RXVJQ2ZEZXN0LW9ubHktc2lnbmF0dXJlLW5vdC1hLXJlYWwtb25lLTI=",
+            "format": "anthropic-claude-v1",
+            "index": 0,
+        }
+    ]
+    assert joined(chunks, "content") == "9.8 is greater than 9.11."
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == 61 and 0 < usage.reasoning_tokens < 61
+
+
+def test_an_overloaded_error_event_mid_stream(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_stream_error"))
+    received = []
+
+    with pytest.raises(UpstreamUnavailable):
+        for chunk in adapter.stream(chat(stream=True), TARGET):
+            received.append(chunk)
+
+    assert joined(received, "content") == "Once upon a time"
+
+
+def test_a_stream_cut_before_message_stop_fails(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_stream_text", close_after_events=5))
+
+    with pytest.raises(UpstreamError):
+        list(adapter.stream(chat(stream=True), TARGET))
+
+
+@pytest.mark.parametrize(
+    ("transcript", "error_class"),
+    [("anthropic_error_401", UpstreamMisconfigured), ("anthropic_error_529", UpstreamUnavailable)],
+)
+def test_error_statuses_reveal_nothing(adapter, replay_server, transcript, error_class):
+    replay_server.script("/claude", Reply(transcript))
+
+    with pytest.raises(UpstreamError) as caught:
+        adapter.complete(chat(), TARGET)
+
+    assert type(caught.value) is error_class
+    assert "x-api-key" not in caught.value.message and "Overloaded" not in caught.value.message
+
+
+def test_a_rejection_passes_on_with_the_public_model_name(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_error_400"))
+
+    with pytest.raises(UpstreamRejected) as caught:
+        adapter.complete(chat(), TARGET)
+
+    assert caught.value.message == (
+        "max_tokens: 64001 > 64000, which is the maximum allowed number of output tokens for claude"
+    )
+
+
+def test_closing_a_stream_closes_the_upstream_connection_at_once(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_stream_text", repeat_event=4, pause=0.02))
+    chunks = adapter.stream(chat(stream=True), TARGET)
+    for _ in range(4):
+        next(chunks)
+
+    closed = time.monotonic()
+    chunks.close()
+
+    (exchange,) = replay_server.exchanges
+    assert exchange.answered.wait(2)
+    assert exchange.client_closed_at is not None
+    assert exchange.client_closed_at - closed < 0.5
+
+
+def test_prompt_estimates_run_above_cl100k_counts(adapter):
+    request = chat([{"role": "user", "content": "Explain the theory of relativity. " * 50}])
+
+    assert adapter.count_prompt_tokens(request, TARGET) > 50 * 7
