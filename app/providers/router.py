@@ -2,7 +2,8 @@
 
 A route is abandoned only before the caller has received anything from it; once a
 stream has yielded its first chunk, a failure ends the stream (the gateway writes it
-as an error event) instead of being retried elsewhere.
+as an error event) instead of being retried elsewhere. An upstream that asks to be left
+alone for longer than MAX_RETRY_AFTER_SECONDS is not waited for: the next route is tried.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BACKOFF_BASE_SECONDS = 0.2
 BACKOFF_CAP_SECONDS = 2.0
+MAX_RETRY_AFTER_SECONDS = 5.0
 
 
 def backoff_delay(attempt: int) -> float:
@@ -31,24 +33,43 @@ def backoff_delay(attempt: int) -> float:
     return random.uniform(ceiling / 2, ceiling)
 
 
+def retry_delay(error: UpstreamError, attempt: int) -> float | None:
+    """Seconds to wait before trying the same route again after ``error``; None: move on."""
+    if not error.retryable:
+        return None
+    if error.retry_after is None:
+        return backoff_delay(attempt)
+    return error.retry_after if error.retry_after <= MAX_RETRY_AFTER_SECONDS else None
+
+
+def _on_route(route: Route, attempt: Callable[[Route], T]) -> T:
+    tries = max(route.adapter.upstream.retries, 0) + 1
+    try_number = 1
+    while True:
+        try:
+            return attempt(route)
+        except UpstreamError as error:
+            log.warning(
+                "upstream %s failed (%s), try %d of %d",
+                route.adapter.upstream.name,
+                error.code,
+                try_number,
+                tries,
+            )
+            delay = retry_delay(error, try_number)
+            if delay is None or try_number >= tries:
+                raise
+        time.sleep(delay)
+        try_number += 1
+
+
 def _on_routes(routes: Sequence[Route], attempt: Callable[[Route], T]) -> T:
     last_error: UpstreamError | None = None
     for route in routes:
-        for try_number in range(route.adapter.upstream.retries + 1):
-            if try_number:
-                time.sleep(backoff_delay(try_number))
-            try:
-                return attempt(route)
-            except UpstreamError as error:
-                last_error = error
-                log.warning(
-                    "upstream %s failed (%s), try %d",
-                    route.adapter.upstream.name,
-                    error.code,
-                    try_number + 1,
-                )
-                if not error.retryable:
-                    raise
+        try:
+            return _on_route(route, attempt)
+        except UpstreamError as error:
+            last_error = error
     if last_error is not None and len(routes) == 1:
         raise last_error
     raise UpstreamUnavailable()
