@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# Caps on what a schema can ask for, so that a caller's schema cannot exhaust the worker.
+MAX_ITEMS = 64
+MAX_STRING_LENGTH = 4096
 SHALLOW_SCHEMA_DEPTH = 8
 MAX_SCHEMA_DEPTH = 16
 FORMAT_EXAMPLES = {
@@ -47,8 +50,31 @@ class _SchemaWalk:
 
 
 def schema_instance(schema: Any, words: Sequence[str] = ()) -> Any:
-    """Generate a value that validates against the JSON Schema ``schema``."""
-    return _instance(schema, _SchemaWalk(schema, words), 0)
+    """Generate a value that validates against the JSON Schema ``schema``.
+
+    Schemas are the caller's input, so any keyword may hold any JSON value: sizes are
+    capped, and a schema too contradictory to instantiate gives None, never an error.
+    """
+    try:
+        return _instance(schema, _SchemaWalk(schema, words), 0)
+    except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError, RecursionError):
+        return None
+
+
+def _size(schema: dict[str, Any], key: str, cap: int) -> int | None:
+    """Return a non-negative integer keyword, capped; None when absent or not an integer."""
+    value = schema.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return min(max(value, 0), cap)
+
+
+def _number(schema: dict[str, Any], key: str) -> float | None:
+    """Return a finite numeric keyword, or None."""
+    value = schema.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return value
 
 
 def _instance(schema: Any, walk: _SchemaWalk, depth: int) -> Any:
@@ -150,20 +176,24 @@ def _array_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> li
     items = schema.get("items")
     prefix = schema.get("prefixItems") or (items if isinstance(items, list) else [])
     rest = items if isinstance(items, dict) else {}
-    count = max(schema.get("minItems", 0), 0 if depth >= SHALLOW_SCHEMA_DEPTH else 1)
-    if schema.get("maxItems") is not None:
-        count = min(count, schema["maxItems"])
+    count = max(
+        _size(schema, "minItems", MAX_ITEMS) or 0, 0 if depth >= SHALLOW_SCHEMA_DEPTH else 1
+    )
+    most = _size(schema, "maxItems", MAX_ITEMS)
+    if most is not None:
+        count = min(count, most)
     return [
         _instance(prefix[i] if i < len(prefix) else rest, walk, depth + 1) for i in range(count)
     ]
 
 
 def _string_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> str:
-    example = FORMAT_EXAMPLES.get(schema.get("format"))
-    if example is not None:
-        return example
+    form = schema.get("format")
+    if isinstance(form, str) and form in FORMAT_EXAMPLES:
+        return FORMAT_EXAMPLES[form]
     word = walk.next_word()
-    shortest, longest = schema.get("minLength", 0), schema.get("maxLength")
+    shortest = _size(schema, "minLength", MAX_STRING_LENGTH) or 0
+    longest = _size(schema, "maxLength", MAX_STRING_LENGTH)
     if len(word) < shortest:
         word = (word * shortest)[:shortest]
     return word if longest is None else word[:longest]
@@ -173,9 +203,10 @@ def _bound(
     schema: dict[str, Any], key: str, exclusive_key: str, tighter: Callable[..., float]
 ) -> tuple[float | None, bool]:
     """Return one side's bound and whether it is exclusive (draft 4 flags or draft 6+ numbers)."""
-    value, exclusive = schema.get(key), schema.get(exclusive_key)
+    value, exclusive = _number(schema, key), schema.get(exclusive_key)
     if isinstance(exclusive, bool):
         return value, exclusive and value is not None
+    exclusive = _number(schema, exclusive_key)
     if exclusive is None:
         return value, False
     if value is None or tighter(value, exclusive) == exclusive:
@@ -216,7 +247,8 @@ def _number_instance(
 ) -> float:
     low, low_open = _bound(schema, "minimum", "exclusiveMinimum", max)
     high, high_open = _bound(schema, "maximum", "exclusiveMaximum", min)
-    step = schema.get("multipleOf") or (1 if integer else None)
+    step = _number(schema, "multipleOf")
+    step = step if step and step > 0 else (1 if integer else None)
     if step is None:
         return _number_between(low, low_open, high, high_open)
     value = _multiple_between(step, low, low_open, high, high_open)

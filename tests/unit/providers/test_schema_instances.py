@@ -133,3 +133,26 @@ def test_a_recursive_schema_ends():
     while node.get("children"):
         depth, node = depth + 1, node["children"][0]
     assert 0 < depth < schema_instances.MAX_SCHEMA_DEPTH
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "array", "minItems": 10**9},
+        {"type": "string", "minLength": 10**9},
+        {"type": "array", "minItems": "many"},
+        {"type": "string", "minLength": 2.5, "maxLength": None},
+        {"type": "integer", "multipleOf": 0},
+        {"type": "number", "multipleOf": -3, "minimum": "low"},
+        {"type": "number", "minimum": 1e308, "exclusiveMinimum": True},
+        {"type": "object", "properties": ["not", "a", "map"]},
+        {"type": "object", "required": [["unhashable"]]},
+        {"type": "string", "format": {"not": "hashable"}},
+        {"enum": {"a": 1}},
+        {"$ref": "#/$defs/missing"},
+        {"$ref": 42},
+    ],
+)
+def test_hostile_schemas_give_a_bounded_value_and_never_raise(schema):
+    value = schema_instance(schema, ["word"])
+    assert len(repr(value)) < 300_000
