@@ -21,6 +21,9 @@ from app.providers.base import ChatRequest
 if TYPE_CHECKING:
     import bpe_openai
 
+# The encodings whose tables ship with bpe-openai. It lists others (gpt2, p50k_base, ...)
+# whose tables tiktoken would download at first use: not here, where counting is offline.
+ENCODINGS = ("cl100k_base", "o200k_base")
 DEFAULT_ENCODING = "cl100k_base"
 # The encoder refuses texts of a million characters and more than 200k tokens a call;
 # slices this long stay far below both, even at several tokens a character.
@@ -36,7 +39,7 @@ DEFAULT_IMAGE_TOKENS = 1_600
 
 def encoding_names() -> list[str]:
     """Return the names of the encodings a catalog may name."""
-    return _bpe_openai().list_encoding_names()
+    return list(ENCODINGS)
 
 
 @functools.cache
