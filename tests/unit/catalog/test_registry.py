@@ -1,9 +1,12 @@
+import tomllib
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
 from app.catalog.errors import CatalogError, UnknownModel
 from app.catalog.registry import build_catalog, load_catalog
+from app.providers.errors import UpstreamMisconfigured
 
 
 def model(**overrides):
@@ -73,3 +76,67 @@ def test_prices_parse_exactly_from_toml(tmp_path):
 def test_the_default_catalog_loads():
     catalog = load_catalog("config/models.toml")
     assert {"dev-chat", "dev-chat-mini"} <= set(catalog.models)
+
+
+def test_the_example_catalog_of_real_upstreams_loads_without_their_keys(monkeypatch):
+    path = Path("config/models.example.toml")
+    upstreams = tomllib.loads(path.read_text())["upstreams"]
+    for entry in upstreams.values():
+        if "api_key_env" in entry:
+            monkeypatch.delenv(entry["api_key_env"], raising=False)
+
+    catalog = load_catalog(path)
+
+    adapters = {
+        route.adapter.upstream.name: route.adapter for m in catalog.list() for route in m.routes
+    }
+    assert {adapter.kind for adapter in adapters.values()} == {"openai", "anthropic"}
+    assert set(adapters) == set(upstreams)
+    assert any(len(model.routes) > 1 for model in catalog.list())
+    with pytest.raises(UpstreamMisconfigured):
+        adapters["anthropic"].api_key()
+    assert adapters["gpu-llamacpp"].api_key() is None
+
+
+def http_upstream(**entry):
+    return {
+        "upstreams": {"up": {"kind": "openai", "base_url": "http://10.0.0.5:8000/v1", **entry}},
+        "models": [model(routes=[{"upstream": "up", "model": "upstream-name"}])],
+    }
+
+
+def test_http_upstreams_take_their_options_and_the_model_its_upstream_name():
+    catalog = build_catalog(
+        http_upstream(
+            api_key_env="K", read_timeout=60, retries=0, tokenizer="o200k_base", pool_size=8
+        )
+    )
+
+    route = catalog.resolve("m").routes[0]
+    assert route.target.upstream_model == "upstream-name"
+    adapter = route.adapter
+    assert (adapter.timeout, adapter.upstream.retries, adapter.tokenizer) == (
+        (3.0, 60.0),
+        0,
+        "o200k_base",
+    )
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        (
+            http_upstream(base_url="10.0.0.5:8000/v1"),
+            "upstreams.up: base_url is required, as an http",
+        ),
+        (http_upstream(tokenizer="gpt2"), "upstreams.up: tokenizer must be one of"),
+        (http_upstream(pool_size=0), "upstreams.up: pool_size must be a positive integer"),
+        (
+            {"models": [model(tokenizer="llama3")]},
+            r"models\[0\] \(m\): routes\[0\]: tokenizer must be one of",
+        ),
+    ],
+)
+def test_invalid_upstream_options_name_the_entry_and_the_key(document, problem):
+    with pytest.raises(CatalogError, match=problem):
+        build_catalog(document, "cat.toml")
