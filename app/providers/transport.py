@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from email.utils import parsedate_to_datetime
+from http.cookiejar import DefaultCookiePolicy
 from typing import Any, ClassVar
 
 import requests
@@ -56,6 +57,9 @@ def open_session(pool_size: int) -> requests.Session:
     session = requests.Session()
     # Not looking up proxies and .netrc in the environment saves 0.3-0.6 ms per call.
     session.trust_env = False
+    # One session serves every caller: a cookie an upstream sets for one request (such as
+    # a CDN's bot-management cookie) must not ride along on everyone else's.
+    session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
     adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)

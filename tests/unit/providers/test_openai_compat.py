@@ -15,7 +15,7 @@ from app.providers.errors import (
     UpstreamUnavailable,
 )
 from app.providers.openai_compat import OpenAICompatAdapter
-from tests.upstream_server import Reply, closed_port
+from tests.upstream_server import Reply, closed_port, load_transcript
 
 HELLO = [{"role": "user", "content": "Hello"}]
 TARGET = RouteTarget(
@@ -375,3 +375,14 @@ def test_connections_are_kept_alive_and_reused(adapter, replay_server):
     adapter.complete(chat(), TARGET)
 
     assert len({exchange.connection for exchange in replay_server.exchanges}) == 1
+
+
+def test_cookies_an_upstream_sets_are_not_sent_back(adapter, replay_server):
+    # The transcript's nginx sets a sticky-session cookie for its host.
+    replay_server.script("/third", Reply("vllm_chat_reasoning"), Reply("vllm_chat_reasoning"))
+
+    adapter.complete(chat(), TARGET)
+    adapter.complete(chat(), TARGET)
+
+    assert "set-cookie: srv_id=" in load_transcript("vllm_chat_reasoning")[0].decode()
+    assert all("cookie" not in exchange.headers for exchange in replay_server.exchanges)
