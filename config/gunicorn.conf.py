@@ -3,6 +3,14 @@
 import os
 import sys
 
+from gevent import monkey
+
+# Patch the master too, before on_starting imports the app: forked workers inherit its
+# modules, and urllib3 keeps direct references to ssl's classes, which a worker's own
+# patching comes too late to replace; HTTPS calls to upstreams would then block the
+# whole worker instead of yielding to other requests.
+monkey.patch_all()
+
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_class = "gevent"
