@@ -107,9 +107,10 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
         while chunk := raw.read1(READ_SIZE, decode_content=True):
             yield chunk
     except urllib3.exceptions.ReadTimeoutError:
+        log.warning("upstream %s went silent mid-stream", response.url)
         raise UpstreamTimeout("The model's upstream stopped sending mid-answer.") from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        log.warning("upstream connection lost mid-stream: %s", exc)
+        log.warning("upstream %s: connection lost mid-stream: %s", response.url, exc)
         raise UpstreamError("The connection to the model's upstream was lost.") from None
 
 
