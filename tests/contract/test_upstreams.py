@@ -491,6 +491,16 @@ def test_a_failing_single_route_is_a_retryable_502(client, scripted):
     assert "retry" in caught.value.response.json()["error"]["message"].lower()
 
 
+def test_a_rate_limited_upstream_is_retried_after_the_wait_it_asks_for(client, scripted):
+    scripted.script("/third", Reply("openai_error_429"), Reply("openai_chat"))
+
+    answer = client.chat.completions.create(model="gpt-mini", messages=HELLO)
+
+    assert answer.choices[0].message.content == "The capital of France is Paris."
+    first, second = scripted.exchanges
+    assert second.received_at - first.received_at >= 1.0  # its Retry-After: 1
+
+
 def test_an_upstream_hanging_past_its_read_timeout(client, scripted):
     scripted.script("/slow", Reply(hang=True))
     started = time.monotonic()
