@@ -177,8 +177,9 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
     """Yield the generation's chunk bodies; settle once, however the stream ends."""
     meter = StreamMeter(generation)
     status = FAILED
+    chunks = stream_on_routes(generation.model.routes, generation.request)
     try:
-        for chunk in stream_on_routes(generation.model.routes, generation.request):
+        for chunk in chunks:
             if chunk.usage is not None:
                 meter.usage = chunk.usage
             if chunk.choices:
@@ -196,6 +197,9 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
         status = CANCELLED
         raise
     finally:
+        # Close the upstream first: a caller who left must not keep it generating while
+        # the settlement is written.
+        chunks.close()
         if not generation.settled:
             finish_generation(
                 generation,
