@@ -5,6 +5,11 @@ from __future__ import annotations
 import openai
 import pytest
 import requests
+from sqlalchemy import select
+
+from app.completions.models import Generation
+from app.credits.models import Account, Hold, LedgerEntry
+from app.extensions import db
 
 
 @pytest.fixture
@@ -39,3 +44,20 @@ def open_slow_stream(base_url: str, key: str, words: int = 300) -> requests.Resp
         stream=True,
         timeout=30,
     )
+
+
+def billing_records(app, account_id: int) -> tuple:
+    """Return the account and its generations, charges and holds, as the database has them."""
+    with app.app_context():
+        db.session.expire_all()
+        account = db.session.get(Account, account_id)
+        generations = db.session.scalars(
+            select(Generation).where(Generation.account_id == account_id)
+        ).all()
+        charges = db.session.scalars(
+            select(LedgerEntry).where(
+                LedgerEntry.account_id == account_id, LedgerEntry.kind == "charge"
+            )
+        ).all()
+        holds = db.session.scalars(select(Hold).where(Hold.account_id == account_id)).all()
+        return account, generations, charges, holds

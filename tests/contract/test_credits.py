@@ -11,8 +11,9 @@ import requests
 from sqlalchemy import select
 
 from app.completions.models import Generation
-from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.models import Account
 from app.extensions import db
+from tests.contract.conftest import billing_records as records
 from tests.contract.conftest import open_slow_stream
 
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
@@ -25,22 +26,6 @@ def post(live_server, key, body, **headers):
         json=body,
         timeout=30,
     )
-
-
-def records(app, account_id):
-    with app.app_context():
-        db.session.expire_all()
-        account = db.session.get(Account, account_id)
-        generations = db.session.scalars(
-            select(Generation).where(Generation.account_id == account_id)
-        ).all()
-        charges = db.session.scalars(
-            select(LedgerEntry).where(
-                LedgerEntry.account_id == account_id, LedgerEntry.kind == "charge"
-            )
-        ).all()
-        holds = db.session.scalars(select(Hold).where(Hold.account_id == account_id)).all()
-        return account, generations, charges, holds
 
 
 def test_credits_endpoint_shows_granted_used_and_remaining(live_server, funded_key):

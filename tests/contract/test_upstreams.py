@@ -17,16 +17,13 @@ from pathlib import Path
 import openai
 import pytest
 import requests
-from sqlalchemy import select
 
 from app.catalog.registry import Catalog, load_catalog
-from app.completions.models import Generation
-from app.credits.models import Account, Hold, LedgerEntry
 from app.credits.pricing import cost_of
-from app.extensions import db
 from app.providers.base import Usage
 from app.providers.tokens import count_text, encoding_named
 from tests.conftest import running_server
+from tests.contract.conftest import billing_records as records
 from tests.upstream_server import ReplayServer, Reply, closed_port
 
 THIRD_KEY = "sk-third-test-secret"
@@ -207,22 +204,6 @@ def delivered_pieces(events):
         for key in ("content", "reasoning")
         if choice["delta"].get(key)
     ]
-
-
-def records(app, account_id):
-    with app.app_context():
-        db.session.expire_all()
-        account = db.session.get(Account, account_id)
-        generations = db.session.scalars(
-            select(Generation).where(Generation.account_id == account_id)
-        ).all()
-        charges = db.session.scalars(
-            select(LedgerEntry).where(
-                LedgerEntry.account_id == account_id, LedgerEntry.kind == "charge"
-            )
-        ).all()
-        holds = db.session.scalars(select(Hold).where(Hold.account_id == account_id)).all()
-        return account, generations, charges, holds
 
 
 def wait_for_generation(app, account_id, timeout=5.0):
