@@ -5,8 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from app.credits import ledger
 from app.credits.errors import IdempotencyConflict
@@ -135,3 +135,20 @@ def test_credit_summary(app_context):
     assert ledger.credit_summary(account.id) == ledger.CreditSummary(
         granted=Decimal("3"), used=Decimal("0.25"), balance=Decimal("2.75")
     )
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        lambda: update(LedgerEntry).values(amount=Decimal("1000")),
+        lambda: delete(LedgerEntry),
+    ],
+    ids=["update", "delete"],
+)
+def test_the_database_refuses_to_change_or_remove_ledger_entries(app_context, statement):
+    account = AccountFactory.create(credits=Decimal("1"))
+    with pytest.raises(DatabaseError, match="append-only"):
+        db.session.execute(statement().where(LedgerEntry.account_id == account.id))
+        db.session.commit()
+    db.session.rollback()
+    assert state(account.id) == (Decimal("1"), 0, Decimal("1"))
