@@ -29,12 +29,34 @@ from app.credits.accounts import (
 from app.credits.audit import audit_ledger
 from app.credits.errors import IdempotencyConflict
 
-accounts_cli = AppGroup("accounts", help="Create accounts.")
-credits_cli = AppGroup("credits", help="Add credits to accounts.")
-keys_cli = AppGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
-catalog_cli = AppGroup("catalog", help="Inspect the model catalog.")
-ledger_cli = AppGroup("ledger", help="Check the ledger's books.")
-demo_cli = AppGroup("demo", help="Set up the demo account of a fresh checkout.")
+
+class OperatorCommand(click.Command):
+    """A command that refuses wrong input in one line on stderr, as deploy scripts expect.
+
+    click would print the usage and a hint around the error; the operator interface
+    promises the error alone.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Parse as click does, turning a usage error into a one-line error."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            raise click.ClickException(error.format_message()) from None
+
+
+class OperatorGroup(AppGroup):
+    """A command group whose commands are OperatorCommands."""
+
+    command_class = OperatorCommand
+
+
+accounts_cli = OperatorGroup("accounts", help="Create accounts.")
+credits_cli = OperatorGroup("credits", help="Add credits to accounts.")
+keys_cli = OperatorGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
+catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
+ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
+demo_cli = OperatorGroup("demo", help="Set up the demo account of a fresh checkout.")
 
 DEMO_EMAIL = "demo@example.com"
 DEMO_CREDITS = Decimal("10")
