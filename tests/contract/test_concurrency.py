@@ -20,7 +20,7 @@ THREADS = 48
 BALANCE = Decimal("0.0006")
 
 
-def ask(url: str, key: str, index: int) -> tuple[int, str | None, Decimal | None]:
+def ask(url: str, key: str, index: int) -> tuple[int | str, str | None, Decimal | None]:
     """Send one request; return its status, generation id and the cost the caller saw."""
     body = {
         "model": "dev-chat-mini",
@@ -42,6 +42,8 @@ def ask(url: str, key: str, index: int) -> tuple[int, str | None, Decimal | None
         return 200, answer["id"], answer["usage"]["cost"]["total_cost"]
     events = [e[6:] for e in response.text.split("\n\n") if e.startswith("data: {")]
     last = json.loads(events[-1], parse_float=Decimal)
+    if "error" in last:  # the stream started, then failed: its status was already 200
+        return f"stream error {last['error']['code']}", None, None
     return 200, last["id"], last["usage"]["cost"]["total_cost"]
 
 
