@@ -14,6 +14,7 @@ from app.catalog.registry import init_catalog
 from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
 from app.extensions import db, migrate
+from app.ratelimits import init_rate_limits, limiter
 from config.settings import config_class, instance_defaults, settings_from_environment
 
 MIGRATIONS_DIRECTORY = str(Path(__file__).parent / "migrations")
@@ -42,9 +43,10 @@ def configure_logging(app: Flask) -> None:
 
 
 def register_extensions(app: Flask) -> None:
-    """Bind the database, migrations and the model catalog."""
+    """Bind the database, migrations, rate limits and the model catalog."""
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS_DIRECTORY)
+    init_rate_limits(app)
     init_catalog(app)
 
 
@@ -56,6 +58,7 @@ def register_blueprints(app: Flask) -> None:
     from app.credits import views as credit_views
 
     app.register_blueprint(health.bp)
+    limiter.exempt(health.bp)
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
     app.register_blueprint(credit_views.bp, url_prefix="/v1")

@@ -23,6 +23,9 @@ class Config:
     SQLALCHEMY_DATABASE_URI: str | None = None
     SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_pre_ping": True}
     SECRET_KEY: str | None = None
+    REDIS_URL: str | None = None
+    # Requests per API key, in the limits library's notation; "off" disables the limit.
+    RATE_LIMIT = "600 per minute"
     MODEL_CATALOG = str(PROJECT_ROOT / "config" / "models.toml")
     # Base64 images make chat bodies large; beyond this the body is refused with 413.
     MAX_CONTENT_LENGTH = 16 * 1024 * 1024
@@ -81,6 +84,8 @@ def _positive_int(value: str) -> int:
 ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("DATABASE_URL", "SQLALCHEMY_DATABASE_URI", normalize_database_url),
     ("SECRET_KEY", "SECRET_KEY", str),
+    ("REDIS_URL", "REDIS_URL", str),
+    ("RATE_LIMIT", "RATE_LIMIT", str),
     ("MODEL_CATALOG", "MODEL_CATALOG", str),
     ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
 )

@@ -55,3 +55,13 @@ def test_a_broken_catalog_stops_the_app(tmp_path):
     catalog.write_text('[[models]]\nid = "x"\nroutes = [{ upstream = "builtin" }]\n')
     with pytest.raises(CatalogError, match="pricing is required"):
         create_app("testing", {"MODEL_CATALOG": str(catalog)})
+
+
+def test_rate_limits_default_per_key_and_can_be_turned_off():
+    limited = create_app("testing")
+    assert limited.config["RATE_LIMIT"] == "600 per minute"
+    assert limited.config["RATELIMIT_ENABLED"] is True
+    assert limited.config["RATELIMIT_STORAGE_URI"] == "memory://"
+    unlimited = create_app("testing", {"RATE_LIMIT": "off", "REDIS_URL": "redis://r:6379/1"})
+    assert unlimited.config["RATELIMIT_ENABLED"] is False
+    assert unlimited.config["RATELIMIT_STORAGE_URI"] == "redis://r:6379/1"
