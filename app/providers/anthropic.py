@@ -26,7 +26,12 @@ from app.providers.errors import (
     UpstreamUnavailable,
 )
 from app.providers.event_stream import ServerSentEvent, read_events
-from app.providers.transport import HttpUpstreamAdapter, received_chunks, release_response
+from app.providers.transport import (
+    HttpUpstreamAdapter,
+    as_count,
+    received_chunks,
+    release_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +59,6 @@ ERRORS_BY_TYPE: dict[str, type[UpstreamError]] = {
     "permission_error": UpstreamMisconfigured,
     "not_found_error": UpstreamMisconfigured,
 }
-
-
-def as_count(value: Any) -> int:
-    """Return a token count from the upstream's usage, 0 when absent or not a count."""
-    return value if type(value) is int and value > 0 else 0
 
 
 def text_of(content: Any) -> str:

@@ -18,15 +18,15 @@ from app.encoding import loads
 from app.providers.base import ChatRequest, Chunk, Completion, RouteTarget, UpstreamConfig, Usage
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import ServerSentEvent, read_events
-from app.providers.transport import HttpUpstreamAdapter, received_chunks, release_response
+from app.providers.transport import (
+    HttpUpstreamAdapter,
+    as_count,
+    received_chunks,
+    release_response,
+)
 
 MESSAGE_FIELDS = ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
 DONE = "[DONE]"
-
-
-def as_count(value: Any) -> int:
-    """Return a token count from an upstream's usage, 0 when absent or not a count."""
-    return value if type(value) is int and value > 0 else 0
 
 
 def usage_from(raw: dict[str, Any]) -> Usage:

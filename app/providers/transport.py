@@ -52,6 +52,11 @@ OVERLOADED = frozenset({429, 503, 529})
 TIMED_OUT = frozenset({408, 504})
 
 
+def as_count(value: Any) -> int:
+    """Return a token count from an upstream's usage, 0 when absent or not a count."""
+    return value if type(value) is int and value > 0 else 0
+
+
 def open_session(pool_size: int) -> requests.Session:
     """Return a session with one keep-alive pool of ``pool_size`` connections, no retries."""
     session = requests.Session()
