@@ -186,6 +186,7 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
                 meter.observe(chunk)
                 yield chunk_body(generation, chunk.choices, chunk.system_fingerprint)
                 generation.keep_hold_alive()
+        meter.complete = True
         status = COMPLETED
         cost = finish_generation(
             generation, usage=meter.final_usage(), status=status, finish_reason=meter.finish_reason
@@ -210,11 +211,12 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
 
 
 class StreamMeter:
-    """What a stream delivered: the upstream's usage if it sent one, else a count of the text."""
+    """What a stream delivered: the upstream's usage as it arrives, and the text itself."""
 
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
         self.usage: Usage | None = None
+        self.complete = False
         self.finish_reason: str | None = None
         self._pieces: list[str] = []
 
@@ -232,18 +234,26 @@ class StreamMeter:
                 self.finish_reason = choice["finish_reason"]
 
     def final_usage(self) -> Usage:
-        """Return the upstream's usage, or an estimate from what was delivered."""
-        if self.usage is not None:
+        """Return the usage to bill: the upstream's at the end, else what was delivered.
+
+        A stream that ended early is billed its delivered text, counted here, with the
+        upstream's own prompt count when it sent one before the end (Anthropic does, at
+        message_start), else the hold's estimate. Nothing delivered, nothing billed.
+        """
+        if self.complete and self.usage is not None:
             return self.usage
-        if not self._pieces:
-            return Usage()
         route = self.generation.model.routes[0]
         # Each delta is counted alone: joined, neighbouring pieces could merge into fewer
         # tokens than were generated.
-        completion = sum(route.adapter.count_text_tokens(p, route.target) for p in self._pieces)
+        delivered = sum(route.adapter.count_text_tokens(p, route.target) for p in self._pieces)
+        if delivered == 0:
+            return Usage()
+        if self.usage is not None:
+            completion = max(self.usage.completion_tokens, delivered)
+            return replace(self.usage, completion_tokens=completion, estimated=True)
         return Usage(
             prompt_tokens=self.generation.prompt_tokens,
-            completion_tokens=completion,
+            completion_tokens=delivered,
             estimated=True,
         )
 

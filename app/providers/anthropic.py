@@ -336,7 +336,10 @@ class StreamTranslation:
             raise stream_error(payload)
         if kind == "message_start":
             self.take_usage((payload.get("message") or {}).get("usage"))
-            return delta_chunk({"role": "assistant", "content": ""})
+            # The prompt's exact count, early: billing uses it if the stream breaks off.
+            chunk = delta_chunk({"role": "assistant", "content": ""})
+            chunk.usage = usage_from(self.usage)
+            return chunk
         if kind == "content_block_start":
             return self.block_start(payload.get("index", 0), payload.get("content_block") or {})
         if kind == "content_block_delta":

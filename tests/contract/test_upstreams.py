@@ -20,7 +20,7 @@ import requests
 
 from app.catalog.registry import Catalog, load_catalog
 from app.credits.pricing import cost_of
-from app.providers.base import Usage
+from app.providers.base import ChatRequest, Usage
 from app.providers.tokens import count_text, encoding_named
 from tests.conftest import running_server
 from tests.contract.conftest import billing_records as records
@@ -512,16 +512,23 @@ def test_a_whole_answer_without_usage_is_counted_and_marked_estimated(
 
 
 @pytest.mark.parametrize(
-    ("model", "prefix", "reply", "delivered"),
+    ("model", "prefix", "reply", "delivered", "upstream_prompt_tokens"),
     [
-        ("qwen3-8b", "/own", Reply("openai_chat_stream", close_after_events=5), "Hello! How can"),
-        ("qwen3-8b", "/own", Reply("openai_chat_stream_malformed"), "Hello!"),
-        ("claude-sonnet", "/claude", Reply("anthropic_stream_error"), "Once upon a time"),
+        (
+            "qwen3-8b",
+            "/own",
+            Reply("openai_chat_stream", close_after_events=5),
+            "Hello! How can",
+            None,
+        ),
+        ("qwen3-8b", "/own", Reply("openai_chat_stream_malformed"), "Hello!", None),
+        # Anthropic counts the prompt at message_start, before the stream broke off.
+        ("claude-sonnet", "/claude", Reply("anthropic_stream_error"), "Once upon a time", 48),
     ],
     ids=["connection-dropped", "malformed-json", "error-event"],
 )
 def test_a_stream_failing_midway_ends_with_an_error_event_billed_for_what_was_delivered(
-    app, gateway, funded, scripted, model, prefix, reply, delivered
+    app, gateway, funded, scripted, model, prefix, reply, delivered, upstream_prompt_tokens
 ):
     scripted.script(prefix, reply)
 
@@ -542,6 +549,9 @@ def test_a_stream_failing_midway_ends_with_an_error_event_billed_for_what_was_de
     route = gateway.catalog.resolve(model).routes[0]
     counted = sum(route.adapter.count_text_tokens(piece, route.target) for piece in pieces)
     assert generation.completion_tokens == counted
+    request = ChatRequest(model=model, messages=HELLO, stream=True)
+    estimate = route.adapter.count_prompt_tokens(request, route.target)
+    assert generation.prompt_tokens == (upstream_prompt_tokens or estimate)
 
 
 def test_a_caller_hanging_up_mid_stream_closes_the_upstream_at_once(app, gateway, funded, scripted):
