@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +116,3 @@ def estimate_prompt_tokens(
         tokens += count_json(response_format.get("json_schema") or {}, encoding)
     return tokens
 
-
-def count_texts(texts: Iterable[str | None], encoding: bpe_openai.Encoding) -> int:
-    """Count the tokens of several texts, each alone (None counts nothing)."""
-    return sum(count_text(text, encoding) for text in texts if text)
