@@ -6,13 +6,16 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, event
+from sqlalchemy import BigInteger, DateTime, Executable, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.types import TypeDecorator
 
 from app.credits.pricing import MONEY_QUANTUM, to_money
 
 UNITS_PER_USD = int(1 / MONEY_QUANTUM)
+
+BoundStatement = tuple[Executable, dict[str, Any]]
+"""A statement built once, and the parameters to execute it with."""
 
 
 class Money(TypeDecorator):

@@ -18,8 +18,7 @@ from sqlalchemy import bindparam, select, update
 from app.auth.errors import KeyNotFound
 from app.auth.models import ACTIVE, REVOKED, ApiKey
 from app.credits.accounts import find_account_or_raise
-from app.credits.ledger import BoundStatement
-from app.database import utcnow
+from app.database import BoundStatement, utcnow
 from app.extensions import db
 
 KEY_PREFIX = "sk-gw-"

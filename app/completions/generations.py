@@ -22,7 +22,6 @@ from app.completions.errors import ContextLengthExceeded, OutputLimitExceeded, U
 from app.completions.models import Generation as GenerationRecord
 from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
-    BoundStatement,
     HeldCredit,
     Shortfall,
     extend_hold,
@@ -30,7 +29,7 @@ from app.credits.ledger import (
     settle_hold,
 )
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
-from app.database import utcnow
+from app.database import BoundStatement, utcnow
 from app.providers.base import ChatRequest, Chunk, Completion, Usage
 from app.providers.router import complete_on_routes, stream_on_routes
 
@@ -188,11 +187,12 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
                 generation.keep_hold_alive()
         meter.complete = True
         status = COMPLETED
+        usage = meter.final_usage()
         cost = finish_generation(
-            generation, usage=meter.final_usage(), status=status, finish_reason=meter.finish_reason
+            generation, usage=usage, status=status, finish_reason=meter.finish_reason
         )
         if generation.request.include_usage:
-            yield usage_chunk_body(generation, meter.final_usage(), cost)
+            yield usage_chunk_body(generation, usage, cost)
     except GeneratorExit:
         # The server closes the generator when the caller has gone away.
         status = CANCELLED

@@ -13,14 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
 
-from sqlalchemy import Executable, bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import Money, utcnow
+from app.database import BoundStatement, Money, utcnow
 from app.extensions import db
 
 GRANT = "grant"
@@ -55,9 +54,6 @@ _CLOSE_HOLD = (
     .values(status=bindparam("status"))
 )
 _INSERT_ENTRY = insert(_entries)
-
-BoundStatement = tuple[Executable, dict[str, Any]]
-"""A statement and the parameters to execute it with."""
 
 
 @dataclass(frozen=True)

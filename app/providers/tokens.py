@@ -115,4 +115,3 @@ def estimate_prompt_tokens(
     if response_format.get("type") == "json_schema":
         tokens += count_json(response_format.get("json_schema") or {}, encoding)
     return tokens
-
