@@ -1,12 +1,15 @@
 # The two commands of the README: `make run` serves, `make test` runs the whole suite.
-# Both set up the virtualenv in .venv first, installing only what changed.
+# Both set up the virtualenv in .venv first, installing only what changed; `make test`
+# also installs the Debian packages the tests drive (as root, with apt-get) when missing.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export FLASK_APP := wsgi
+# Debian packages the test suite needs beyond Python; each is installed only if missing.
+DEBIAN_PACKAGES ?=
 
-.PHONY: run test lint
+.PHONY: run test lint system
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +20,13 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements-dev.txt
 	touch $@
 
+system:
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
 run: $(VENV)/.runtime
 	$(BIN)/flask db upgrade
 	$(BIN)/flask demo setup
@@ -25,5 +35,5 @@ run: $(VENV)/.runtime
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 
-test: lint
+test: lint system
 	$(BIN)/pytest
