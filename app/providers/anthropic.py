@@ -410,6 +410,8 @@ class AnthropicAdapter(HttpUpstreamAdapter):
     # Claude's tokenizer is not public; it counts about a fifth more tokens than
     # cl100k_base for the same English text, more for code.
     token_ratio = 1.2
+    # The Messages API has no ``detail``: a low-detail image is billed like any other.
+    low_detail_image_tokens = None
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)

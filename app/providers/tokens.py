@@ -71,7 +71,11 @@ def count_json(value: Any, encoding: bpe_openai.Encoding) -> int:
 
 
 def count_message(
-    message: dict[str, Any], encoding: bpe_openai.Encoding, *, image_tokens: int
+    message: dict[str, Any],
+    encoding: bpe_openai.Encoding,
+    *,
+    image_tokens: int,
+    low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
 ) -> int:
     """Count one message: overhead, name, text parts, images, tool calls and call id."""
     tokens = MESSAGE_OVERHEAD_TOKENS
@@ -83,7 +87,13 @@ def count_message(
         tokens += count_text(content, encoding)
     else:
         tokens += sum(
-            count_part(part, encoding, image_tokens=image_tokens) for part in content or ()
+            count_part(
+                part,
+                encoding,
+                image_tokens=image_tokens,
+                low_detail_image_tokens=low_detail_image_tokens,
+            )
+            for part in content or ()
         )
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
@@ -92,21 +102,42 @@ def count_message(
     return tokens
 
 
-def count_part(part: dict[str, Any], encoding: bpe_openai.Encoding, *, image_tokens: int) -> int:
-    """Count a content part: its text, or a flat price per image (never its bytes)."""
+def count_part(
+    part: dict[str, Any],
+    encoding: bpe_openai.Encoding,
+    *,
+    image_tokens: int,
+    low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
+) -> int:
+    """Count a content part: its text, or a flat price per image (never its bytes).
+
+    ``low_detail_image_tokens`` is what a ``detail: low`` image costs where the upstream
+    honours ``detail``; None where it does not, and every image costs ``image_tokens``.
+    """
     if part.get("type") == "text":
         return count_text(part.get("text") or "", encoding)
-    if (part.get("image_url") or {}).get("detail") == "low":
-        return min(LOW_DETAIL_IMAGE_TOKENS, image_tokens)
+    low_detail = (part.get("image_url") or {}).get("detail") == "low"
+    if low_detail and low_detail_image_tokens is not None:
+        return min(low_detail_image_tokens, image_tokens)
     return image_tokens
 
 
 def estimate_prompt_tokens(
-    request: ChatRequest, encoding: bpe_openai.Encoding, *, image_tokens: int
+    request: ChatRequest,
+    encoding: bpe_openai.Encoding,
+    *,
+    image_tokens: int,
+    low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
 ) -> int:
     """Estimate the prompt tokens of ``request``, erring high: messages, tools, schema."""
     tokens = REPLY_OVERHEAD_TOKENS + sum(
-        count_message(message, encoding, image_tokens=image_tokens) for message in request.messages
+        count_message(
+            message,
+            encoding,
+            image_tokens=image_tokens,
+            low_detail_image_tokens=low_detail_image_tokens,
+        )
+        for message in request.messages
     )
     params = request.params
     if params.get("tools"):

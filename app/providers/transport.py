@@ -35,6 +35,7 @@ from app.providers.errors import (
 from app.providers.tokens import (
     DEFAULT_ENCODING,
     DEFAULT_IMAGE_TOKENS,
+    LOW_DETAIL_IMAGE_TOKENS,
     count_text,
     encoding_named,
     encoding_names,
@@ -170,6 +171,9 @@ class HttpUpstreamAdapter(Adapter):
     # How many of the upstream's tokens one counted token is, for models whose tokenizer
     # is not public and runs above cl100k_base.
     token_ratio: ClassVar[float] = 1.0
+    # What a ``detail: low`` image costs, on upstreams that honour ``detail`` (OpenAI's
+    # protocol does); None on those that bill every image in full.
+    low_detail_image_tokens: ClassVar[int | None] = LOW_DETAIL_IMAGE_TOKENS
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
@@ -263,7 +267,12 @@ class HttpUpstreamAdapter(Adapter):
     def count_prompt_tokens(self, request: ChatRequest, target: RouteTarget) -> int:
         """Estimate the prompt tokens of ``request``, on the high side."""
         encoding = encoding_named(target.tokenizer or self.tokenizer)
-        tokens = estimate_prompt_tokens(request, encoding, image_tokens=self.image_tokens)
+        tokens = estimate_prompt_tokens(
+            request,
+            encoding,
+            image_tokens=self.image_tokens,
+            low_detail_image_tokens=self.low_detail_image_tokens,
+        )
         return math.ceil(tokens * self.token_ratio)
 
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
