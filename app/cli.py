@@ -228,13 +228,19 @@ def list_catalog_command() -> None:
 
 @ledger_cli.command("audit")
 def audit_command() -> None:
-    """Check balance = sum of ledger and every charge against its prices; exit 1 on a mismatch."""
+    """Check balance = sum of ledger and every charge against its prices; exit 1 on a mismatch.
+
+    Generations charged less than their price (the balance or the key's limit ran out)
+    are listed as shortfalls: the books still add up.
+    """
     report = audit_ledger()
     for mismatch in report.mismatches:
         click.echo(f"mismatch: {mismatch}", err=True)
+    for shortfall in report.shortfalls:
+        click.echo(f"shortfall: {shortfall}")
     click.echo(
         f"checked {report.accounts} accounts and {report.generations} generations: "
-        f"{len(report.mismatches)} mismatches"
+        f"{len(report.mismatches)} mismatches, {len(report.shortfalls)} shortfalls"
     )
     if report.mismatches:
         raise SystemExit(1)

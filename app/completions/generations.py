@@ -287,12 +287,15 @@ def finish_generation(
     """Charge the actual cost and write the generation record, once; return the charge."""
     if usage.total_tokens == 0:
         usage = Usage()
+    cost = cost_of(usage, generation.model.pricing)
     charged = settle_hold(
         generation.hold,
-        cost=cost_of(usage, generation.model.pricing),
+        cost=cost,
         generation_id=generation.id,
         records=lambda charge: (
-            generation_record(generation, usage, charge, status, finish_reason),
+            generation_record(
+                generation, usage, charge, status, finish_reason, shortfall=cost - charge
+            ),
             *key_use_records(generation.caller),
         ),
     )
@@ -301,9 +304,15 @@ def finish_generation(
 
 
 def generation_record(
-    generation: Generation, usage: Usage, cost: Decimal, status: str, finish_reason: str | None
+    generation: Generation,
+    usage: Usage,
+    cost: Decimal,
+    status: str,
+    finish_reason: str | None,
+    *,
+    shortfall: Decimal = Decimal(0),
 ) -> BoundStatement:
-    """Return the INSERT of the generation's record, with its values."""
+    """Return the INSERT of the generation's record: ``cost`` charged, ``shortfall`` unpaid."""
     pricing = generation.model.pricing
     return _INSERT_GENERATION, {
         "id": generation.id,
@@ -316,6 +325,7 @@ def generation_record(
         "prompt_image_tokens": usage.prompt_image_tokens,
         "reasoning_tokens": usage.reasoning_tokens,
         "cost": cost,
+        "shortfall": shortfall,
         "price_prompt": pricing.prompt,
         "price_completion": pricing.completion,
         "price_cached_read": pricing.cached_read,

@@ -30,6 +30,9 @@ class Generation(db.Model):
     prompt_image_tokens: Mapped[int] = mapped_column(Integer, default=0)
     reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost = mapped_column(Money, nullable=False, default=0)
+    # What the usage priced at beyond what could be charged (the balance or the key's
+    # monthly limit ran out); cost + shortfall is always the usage's price.
+    shortfall = mapped_column(Money, nullable=False, default=0, server_default="0")
     # The catalog's prices (USD per million tokens) when the generation ran, so that an
     # audit can re-price it exactly after the catalog has changed.
     price_prompt = mapped_column(Money, nullable=False, default=0)

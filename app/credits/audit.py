@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from sqlalchemy import func, select
@@ -28,21 +28,32 @@ class Mismatch:
         return f"{self.subject}: {self.problem}"
 
 
+class Shortfall(Mismatch):
+    """A generation charged less than its price because the balance or key limit ran out."""
+
+
 @dataclass(frozen=True)
 class AuditReport:
-    """What was checked and what did not add up."""
+    """What was checked, what did not add up, and which generations were not paid in full.
+
+    A shortfall is no mismatch: the books add up, but the balance (or the key's monthly
+    limit) could not cover what the usage priced at beyond its hold.
+    """
 
     accounts: int
     generations: int
     mismatches: list[Mismatch]
+    shortfalls: list[Mismatch] = field(default_factory=list)
 
 
 def audit_ledger() -> AuditReport:
     """Check balance = sum of ledger, reserved = sum of open holds, and every charge."""
     account_mismatches, accounts = _account_mismatches()
-    generation_mismatches, generations = _generation_mismatches()
+    generation_problems, generations = _generation_mismatches()
     db.session.commit()
-    return AuditReport(accounts, generations, account_mismatches + generation_mismatches)
+    shortfalls = [problem for problem in generation_problems if isinstance(problem, Shortfall)]
+    mismatches = [problem for problem in generation_problems if not isinstance(problem, Shortfall)]
+    return AuditReport(accounts, generations, account_mismatches + mismatches, shortfalls)
 
 
 def _account_mismatches() -> tuple[list[Mismatch], int]:
@@ -120,7 +131,13 @@ def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[M
             image=generation.price_image,
         ),
     )
-    if generation.cost != priced:
+    if generation.shortfall and generation.cost + generation.shortfall == priced:
+        yield Shortfall(
+            subject,
+            f"priced at ${priced:f}, charged ${generation.cost:f}: "
+            f"${generation.shortfall:f} unpaid",
+        )
+    elif generation.cost != priced:
         yield Mismatch(subject, f"cost ${generation.cost:f} but its tokens price at ${priced:f}")
     if charged != generation.cost:
         yield Mismatch(subject, f"cost ${generation.cost:f} but the ledger charged ${charged:f}")

@@ -14,6 +14,7 @@ so that two transactions never wait on each other's rows.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import BoundStatement, Money, utcnow
 from app.extensions import db
+
+log = logging.getLogger(__name__)
 
 GRANT = "grant"
 CHARGE = "charge"
@@ -271,21 +274,27 @@ def settle_hold(
     generation_id: str,
     records: Callable[[Decimal], Sequence[BoundStatement]] = lambda charge: (),
 ) -> Decimal:
-    """Replace ``hold`` by a charge of ``cost`` (at most the hold); return the charge.
+    """Replace ``hold`` by a charge of ``cost``; return the charge.
 
     ``records(charge)`` gives the statements (with their parameters) that must be
     committed with the charge or not at all: the generation record, the key's last use.
-    A hold that expired meanwhile is charged from the balance, never below zero. A hold
-    placed on a key's monthly allowance moves from the key's reservation to its spend.
+    A cost above the hold (or a hold that expired meanwhile) is charged as far as the
+    balance and the key's monthly limit allow, never below zero or past the limit; what
+    is left unpaid is logged, and is the generation record's shortfall. A hold placed on
+    a key's monthly allowance moves from the key's reservation to its spend.
     """
     released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
-    if released.rowcount == 1:
-        charge = min(cost, hold.amount)
-        reserved_change = hold.amount
-    else:
-        # The hold expired and was released: charge what is available, never more.
-        charge = min(cost, max(_locked_available_balance(hold.account_id), Decimal(0)))
-        reserved_change = Decimal(0)
+    # An expired hold was released by the sweeper: nothing of it is reserved any more.
+    reserved_change = hold.amount if released.rowcount == 1 else Decimal(0)
+    charge = cost if cost <= reserved_change else _payable(hold, cost, reserved_change)
+    if charge < cost:
+        log.warning(
+            "generation %s priced at $%s but only $%s could be charged: $%s unpaid",
+            generation_id,
+            cost,
+            charge,
+            cost - charge,
+        )
     db.session.execute(
         _DEBIT,
         {"account_id": hold.account_id, "charge": charge, "released": reserved_change},
@@ -319,11 +328,35 @@ def settle_hold(
     return charge
 
 
+def _payable(hold: HeldCredit, cost: Decimal, reserved: Decimal) -> Decimal:
+    """Return how much of ``cost`` can be charged beyond what is still ``reserved``.
+
+    The rows are locked, account first, so that the room read is the room charged.
+    """
+    room = max(_locked_available_balance(hold.account_id), Decimal(0))
+    if hold.key_id is not None and (allowance := _locked_key_allowance(hold.key_id)) is not None:
+        room = min(room, allowance)
+    return min(cost, reserved + room)
+
+
 def _locked_available_balance(account_id: int) -> Decimal:
     row = db.session.execute(
         select(Account.balance, Account.reserved).where(Account.id == account_id).with_for_update()
     ).one()
     return row.balance - row.reserved
+
+
+def _locked_key_allowance(key_id: int) -> Decimal | None:
+    """Return what a key may still spend this month beyond its reservations (None: no limit)."""
+    row = db.session.execute(
+        select(_keys.c.monthly_limit, _month_spent.label("spent"), _keys.c.month_reserved)
+        .where(_keys.c.id == key_id)
+        .with_for_update(),
+        {"month": spend_month(utcnow())},
+    ).first()
+    if row is None or row.monthly_limit is None:
+        return None
+    return max(row.monthly_limit - row.spent - row.month_reserved, Decimal(0))
 
 
 def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:

@@ -1,7 +1,11 @@
 """OpenAI-compatible upstreams: own servers (vLLM, llama.cpp, Ollama, TGI) and third parties.
 
 The request goes out as the caller sent it: the contract's fields, the extras the model's
-catalog entry allows, and the upstream's name for the model. The answer comes back cut to
+catalog entry allows, and the upstream's name for the model; except the output limit,
+sent once, as the one the credit hold was sized for (the caller's ``max_completion_tokens``
+or ``max_tokens``, else the model's ``max_output_tokens``), under the field the upstream
+reads (``max_tokens_field``): an upstream that read the other one could generate past
+what was held. The answer comes back cut to
 the contract's fields, so that nothing of the upstream (its name for the model, its own
 extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
 ``reasoning``. Streams always ask for usage, so billing uses the upstream's counts.
@@ -27,6 +31,10 @@ from app.providers.transport import (
 
 MESSAGE_FIELDS = ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
 DONE = "[DONE]"
+OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
+# Every OpenAI-compatible server reads max_tokens (vLLM, llama.cpp, Ollama, TGI, SGLang);
+# OpenAI's reasoning models want max_completion_tokens, set per upstream.
+DEFAULT_OUTPUT_LIMIT_FIELD = "max_tokens"
 
 
 def usage_from(raw: dict[str, Any]) -> Usage:
@@ -113,6 +121,11 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
         self.url = f"{(upstream.base_url or '').rstrip('/')}/chat/completions"
+        self.output_limit_field = upstream.options.get(
+            "max_tokens_field", DEFAULT_OUTPUT_LIMIT_FIELD
+        )
+        if self.output_limit_field not in OUTPUT_LIMIT_FIELDS:
+            raise ValueError(f"max_tokens_field must be one of {', '.join(OUTPUT_LIMIT_FIELDS)}")
 
     def headers(self) -> dict[str, str]:
         """Return the request headers, with the upstream's key as a bearer token if it has one."""
@@ -123,7 +136,10 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
 
     def request_body(self, request: ChatRequest, target: RouteTarget) -> dict[str, Any]:
         """Build the upstream's request: the caller's fields, its name for the model."""
-        body = {"model": target.upstream_model, "messages": request.messages, **request.params}
+        params = {k: v for k, v in request.params.items() if k not in OUTPUT_LIMIT_FIELDS}
+        body = {"model": target.upstream_model, "messages": request.messages, **params}
+        if limit := request.max_output_tokens or target.max_output_tokens:
+            body[self.output_limit_field] = limit
         for key, value in request.extra.items():
             if key in target.extra_params:
                 body[key] = value

@@ -268,6 +268,7 @@ def test_own_server_answers_under_the_public_model_id(gateway, funded, scripted)
         "messages": HELLO,
         "temperature": 0.6,
         "top_k": 20,
+        "max_tokens": 2048,  # the model's max_output_tokens, which the hold was sized for
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from decimal import Decimal
 
@@ -12,25 +13,35 @@ from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.auth.keys import create_key, find_caller, key_spend, update_key_limits
 from app.auth.models import ApiKey
 from app.completions.models import Generation
+from app.credits.ledger import place_hold, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from tests.factories import AccountFactory
 
 
 def record_generation(account_id: int, key_id: int, cost: str, created_at) -> None:
-    db.session.execute(
-        insert(Generation),
-        {
-            "id": f"gen-{key_id}-{created_at.timestamp()}-{cost}",
-            "account_id": account_id,
-            "api_key_id": key_id,
-            "model": "dev-chat",
-            "cost": Decimal(cost),
-            "status": "completed",
-            "created_at": created_at,
-        },
+    """Charge a generation of ``cost`` through the ledger, as settlement records it."""
+    amount = Decimal(cost)
+    held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60)
+    generation_id = f"gen-{uuid.uuid4().hex}"
+    record = {
+        "id": generation_id,
+        "account_id": account_id,
+        "api_key_id": key_id,
+        "model": "dev-chat",
+        # 1,000 completion tokens priced so that they cost exactly ``cost``.
+        "completion_tokens": 1000,
+        "price_completion": amount * 1000,
+        "cost": amount,
+        "status": "completed",
+        "created_at": created_at,
+    }
+    settle_hold(
+        held,
+        cost=amount,
+        generation_id=generation_id,
+        records=lambda charge: [(insert(Generation), record)],
     )
-    db.session.commit()
 
 
 def test_a_new_key_is_unlimited_by_default(app_context):
@@ -108,7 +119,7 @@ def test_update_key_limits_of_an_unknown_key_raises(app_context):
 
 
 def test_key_spend_sums_the_keys_charges_since_a_moment(app_context):
-    account = AccountFactory.create()
+    account = AccountFactory.create(credits=Decimal("10"))
     issued = create_key(email=account.email, name="k")
     other = create_key(email=account.email, name="other")
     now = utcnow()
@@ -122,7 +133,7 @@ def test_key_spend_sums_the_keys_charges_since_a_moment(app_context):
 
 
 def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):
-    account = AccountFactory.create()
+    account = AccountFactory.create(credits=Decimal("10"))
     issued = create_key(email=account.email, name="k")
     now = utcnow()
     record_generation(account.id, issued.id, "0.4", now)

@@ -57,10 +57,10 @@ def test_settling_charges_the_cost_and_frees_the_hold(app_context):
     assert state(account.id) == (Decimal("0.8765432109"), 0, Decimal("0.8765432109"))
 
 
-def test_a_charge_never_exceeds_its_hold(app_context):
+def test_a_charge_beyond_its_hold_is_paid_from_the_free_balance_not_capped(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
     held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
-    assert ledger.settle_hold(held, cost=Decimal("0.3"), generation_id="gen-b") == Decimal("0.2")
+    assert ledger.settle_hold(held, cost=Decimal("0.3"), generation_id="gen-b") == Decimal("0.3")
 
 
 def test_nothing_produced_is_not_charged(app_context):
