@@ -20,7 +20,7 @@ from decimal import Decimal
 from sqlalchemy import bindparam, func, select, update
 
 from app.auth.errors import InvalidKeyLimits, KeyNotFound
-from app.auth.models import ACTIVE, REVOKED, ApiKey
+from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
 from app.catalog.registry import current_catalog
 from app.completions.models import Generation
 from app.credits.accounts import find_account_or_raise
@@ -122,7 +122,7 @@ def find_caller(raw: str | None) -> Caller | None:
     # No commit: the request's next statement is the hold, which commits, so the lookup
     # and the hold share one connection checkout and one transaction.
     row = db.session.execute(_FIND_CALLER, {"digest": digest_key(value)}).first()
-    if row is None:
+    if row is None or row.state == DELETED:
         return None
     return Caller(
         key_id=row.id,
@@ -136,7 +136,7 @@ def find_caller(raw: str | None) -> Caller | None:
 
 def _find_key_or_raise(key_id: int) -> ApiKey:
     key = db.session.get(ApiKey, key_id)
-    if key is None:
+    if key is None or key.state == DELETED:
         raise KeyNotFound(f"no API key with id {key_id}")
     return key
 
@@ -187,7 +187,9 @@ def update_key_limits(
     """
     models = checked_permitted_models(permitted_models)
     limit = checked_monthly_limit(monthly_limit)
-    key = db.session.scalar(select(ApiKey).where(ApiKey.id == key_id).with_for_update())
+    key = db.session.scalar(
+        select(ApiKey).where(ApiKey.id == key_id, ApiKey.state != DELETED).with_for_update()
+    )
     if key is None:
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
@@ -272,17 +274,28 @@ def revoke_key(key_id: int) -> ApiKey:
 
 
 def delete_key(key_id: int) -> None:
-    """Remove key ``key_id`` for good. Raise KeyNotFound."""
-    db.session.delete(_find_key_or_raise(key_id))
+    """Delete key ``key_id`` for good: its value is unknown from now on. Raise KeyNotFound.
+
+    The row stays, in state ``deleted`` and without its digest (see ``ApiKey``).
+    """
+    key = _find_key_or_raise(key_id)
+    key.state = DELETED
+    # Unique like a digest, but never the sha256 hex of a key (it has a non-hex letter).
+    key.digest = f"deleted-{key.id}"
     db.session.commit()
 
 
 def list_keys(email: str) -> list[ApiKey]:
-    """Return the keys of the account with ``email``, oldest first; raise AccountNotFound."""
+    """Return the keys (not deleted) of the account ``email``, oldest first.
+
+    :raise AccountNotFound: no account has ``email``.
+    """
     account = find_account_or_raise(email)
     return list(
         db.session.scalars(
-            select(ApiKey).where(ApiKey.account_id == account.id).order_by(ApiKey.id)
+            select(ApiKey)
+            .where(ApiKey.account_id == account.id, ApiKey.state != DELETED)
+            .order_by(ApiKey.id)
         )
     )
 

@@ -10,10 +10,14 @@ from app.extensions import db
 
 ACTIVE = "active"
 REVOKED = "revoked"
+# A deleted key keeps its row, so that its generations and per-key totals keep their
+# key, and a request still running when it was deleted settles normally; its digest is
+# replaced by a value no key hashes to, so the key itself is unknown (401) at once.
+DELETED = "deleted"
 
 
 class ApiKey(db.Model):
-    """A named key of an account; deleting it removes the row.
+    """A named key of an account; deleting it erases its digest and keeps the row.
 
     A key may be limited to some models (``permitted_models``; None permits every model)
     and to a monthly spend in USD (``monthly_limit``; None is no limit). For a limited

@@ -25,11 +25,11 @@ from app.credits.ledger import (
     HeldCredit,
     MonthlyLimitShortfall,
     Shortfall,
-    extend_hold,
     place_hold,
     settle_hold,
 )
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
+from app.credits.sweeper import live_holds
 from app.database import BoundStatement, utcnow
 from app.providers.base import ChatRequest, Chunk, Completion, Usage
 from app.providers.router import complete_on_routes, stream_on_routes
@@ -42,7 +42,11 @@ _INSERT_GENERATION = insert(GenerationRecord.__table__)
 
 @dataclass
 class Generation:
-    """A request in flight: who pays, what runs, and the credit held for it."""
+    """A request in flight: who pays, what runs, and the credit held for it.
+
+    Its hold is renewed by the worker's sweeper (``live_holds``) for as long as this
+    object lives and the generation has not settled.
+    """
 
     id: str
     caller: Caller
@@ -50,22 +54,9 @@ class Generation:
     request: ChatRequest
     hold: HeldCredit
     prompt_tokens: int
-    hold_ttl_seconds: int
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
-    hold_renewed: float = field(default_factory=time.monotonic)
     settled: bool = False
-
-    def keep_hold_alive(self) -> None:
-        """Push the hold's expiry forward while a long stream is still running.
-
-        Only a dead worker's holds should expire; a stream that outlives the TTL renews
-        its hold every third of it, one UPDATE each time, never per chunk.
-        """
-        now = time.monotonic()
-        if now - self.hold_renewed > self.hold_ttl_seconds / 3:
-            extend_hold(self.hold, ttl_seconds=self.hold_ttl_seconds)
-            self.hold_renewed = now
 
 
 def start_generation(
@@ -99,15 +90,16 @@ def start_generation(
     )
     if isinstance(held, Shortfall | MonthlyLimitShortfall):
         raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
-    return Generation(
+    generation = Generation(
         id="chatcmpl-" + secrets.token_hex(12),
         caller=caller,
         model=model,
         request=request,
         hold=held,
         prompt_tokens=prompt_tokens,
-        hold_ttl_seconds=hold_ttl_seconds,
     )
+    live_holds.track(held.id, generation)
+    return generation
 
 
 def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
@@ -207,7 +199,6 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
             if chunk.choices:
                 meter.observe(chunk)
                 yield chunk_body(generation, chunk.choices, chunk.system_fingerprint)
-                generation.keep_hold_alive()
         meter.complete = True
         status = COMPLETED
         usage = meter.final_usage()
@@ -298,8 +289,22 @@ def finish_generation(
             ),
             *key_use_records(generation.caller),
         ),
+        # A key row removed outright while the request ran cannot be named by the record;
+        # the charge is kept, recorded without its key.
+        fallback_records=lambda charge: (
+            generation_record(
+                generation,
+                usage,
+                charge,
+                status,
+                finish_reason,
+                shortfall=cost - charge,
+                with_key=False,
+            ),
+        ),
     )
     generation.settled = True
+    live_holds.forget(generation.hold.id)
     return charged
 
 
@@ -311,13 +316,14 @@ def generation_record(
     finish_reason: str | None,
     *,
     shortfall: Decimal = Decimal(0),
+    with_key: bool = True,
 ) -> BoundStatement:
     """Return the INSERT of the generation's record: ``cost`` charged, ``shortfall`` unpaid."""
     pricing = generation.model.pricing
     return _INSERT_GENERATION, {
         "id": generation.id,
         "account_id": generation.caller.account_id,
-        "api_key_id": generation.caller.key_id,
+        "api_key_id": generation.caller.key_id if with_key else None,
         "model": generation.model.id,
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,

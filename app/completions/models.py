@@ -12,7 +12,8 @@ from app.extensions import db
 class Generation(db.Model):
     """One chat completion, written once, in the transaction that charges it.
 
-    ``api_key_id`` is cleared when the key is deleted; the record stays for the account.
+    ``api_key_id`` names the key used; a deleted key keeps its row (state ``deleted``), so
+    the record keeps it too.
     ``estimated`` marks token counts the gateway had to count itself.
     """
 

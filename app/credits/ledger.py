@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from app.auth.models import ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import BoundStatement, Money, utcnow
+from app.database import BoundStatement, Money, UTCDateTime, utcnow
 from app.extensions import db
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,12 @@ _RELEASE_ON_KEY = (
     .values(month_reserved=_keys.c.month_reserved - _amount)
 )
 _INSERT_HOLD = insert(_holds)
+_EXTEND_HOLDS = (
+    update(_holds)
+    .where(_holds.c.id.in_(bindparam("hold_ids", expanding=True)), _holds.c.status == OPEN)
+    .values(expires_at=bindparam("expires_at", type_=UTCDateTime()))
+)
+EXTEND_BATCH = 500
 _CLOSE_HOLD = (
     update(_holds)
     .where(_holds.c.id == bindparam("hold_id"), _holds.c.status == OPEN)
@@ -267,26 +273,39 @@ def available_balance(account_id: int) -> Decimal:
     return row.balance - row.reserved
 
 
+Records = Callable[[Decimal], Sequence[BoundStatement]]
+
+
 def settle_hold(
     hold: HeldCredit,
     *,
     cost: Decimal,
     generation_id: str,
-    records: Callable[[Decimal], Sequence[BoundStatement]] = lambda charge: (),
+    records: Records = lambda charge: (),
+    fallback_records: Records | None = None,
 ) -> Decimal:
     """Replace ``hold`` by a charge of ``cost``; return the charge.
 
     ``records(charge)`` gives the statements (with their parameters) that must be
     committed with the charge or not at all: the generation record, the key's last use.
+    If they cannot be written (a row they name is gone), the charge is committed with
+    ``fallback_records(charge)`` instead, so that it is never lost with them.
     A cost above the hold (or a hold that expired meanwhile) is charged as far as the
     balance and the key's monthly limit allow, never below zero or past the limit; what
     is left unpaid is logged, and is the generation record's shortfall. A hold placed on
     a key's monthly allowance moves from the key's reservation to its spend.
     """
-    released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
-    # An expired hold was released by the sweeper: nothing of it is reserved any more.
-    reserved_change = hold.amount if released.rowcount == 1 else Decimal(0)
-    charge = cost if cost <= reserved_change else _payable(hold, cost, reserved_change)
+    try:
+        charge = _settle_once(hold, cost, generation_id, records)
+    except IntegrityError:
+        db.session.rollback()
+        if fallback_records is None:
+            raise
+        log.warning(
+            "generation %s: its records could not be written; settled with fallback records",
+            generation_id,
+        )
+        charge = _settle_once(hold, cost, generation_id, fallback_records)
     if charge < cost:
         log.warning(
             "generation %s priced at $%s but only $%s could be charged: $%s unpaid",
@@ -295,6 +314,14 @@ def settle_hold(
             charge,
             cost - charge,
         )
+    return charge
+
+
+def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: Records) -> Decimal:
+    released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
+    # An expired hold was released by the sweeper: nothing of it is reserved any more.
+    reserved_change = hold.amount if released.rowcount == 1 else Decimal(0)
+    charge = cost if cost <= reserved_change else _payable(hold, cost, reserved_change)
     db.session.execute(
         _DEBIT,
         {"account_id": hold.account_id, "charge": charge, "released": reserved_change},
@@ -367,6 +394,18 @@ def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:
         .values(expires_at=utcnow() + timedelta(seconds=ttl_seconds))
     )
     db.session.commit()
+
+
+def extend_holds(hold_ids: Sequence[str], *, ttl_seconds: int) -> int:
+    """Push the expiry of the open holds among ``hold_ids`` forward; return how many."""
+    expires_at = utcnow() + timedelta(seconds=ttl_seconds)
+    extended = 0
+    for start in range(0, len(hold_ids), EXTEND_BATCH):
+        batch = list(hold_ids[start : start + EXTEND_BATCH])
+        result = db.session.execute(_EXTEND_HOLDS, {"hold_ids": batch, "expires_at": expires_at})
+        extended += result.rowcount
+    db.session.commit()
+    return extended
 
 
 def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:

@@ -1,26 +1,78 @@
-"""Release the holds of requests whose worker died, without an operator.
+"""Keep the holds of running requests alive, and release those whose worker died.
 
-Each gunicorn worker runs one sweeper greenlet. A hold expires only when its request
-stopped renewing it, so releasing it from any worker is safe; the conditional UPDATE in
-``ledger.release_expired_holds`` makes concurrent sweepers release each hold once.
+Each gunicorn worker runs one sweeper greenlet. It renews the holds of every request
+the worker is running (``live_holds``), whatever the request is doing: waiting for an
+upstream through retries, generating a whole answer, or writing to a caller who stopped
+reading; one UPDATE for all of them, every ``sweep_interval``. A dead worker renews
+nothing, so its holds expire after HOLD_TTL_SECONDS, and releasing an expired hold from
+any worker is safe; the conditional UPDATE in ``ledger.release_expired_holds`` makes
+concurrent sweepers release each hold once.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.credits.ledger import release_expired_holds
+from app.credits.ledger import extend_holds, release_expired_holds
 from app.extensions import db
 
 log = logging.getLogger(__name__)
 
 
+class LiveHolds:
+    """The open holds of the requests this worker process is running.
+
+    A hold is tracked with the object of the request that owns it, by weak reference: a
+    request that ends without settling (its response was never read) stops its hold's
+    renewal when it is garbage, and the hold then expires as a dead worker's would.
+    """
+
+    def __init__(self) -> None:
+        self._owners: dict[str, weakref.ref] = {}
+
+    def track(self, hold_id: str, owner: object) -> None:
+        """Renew ``hold_id`` while ``owner`` lives, until ``forget``."""
+        self._owners[hold_id] = weakref.ref(owner)
+
+    def forget(self, hold_id: str) -> None:
+        """Stop renewing ``hold_id`` (its request settled)."""
+        self._owners.pop(hold_id, None)
+
+    def hold_ids(self) -> list[str]:
+        """Return the holds to renew, dropping those whose request is gone."""
+        for hold_id, owner in list(self._owners.items()):
+            if owner() is None:
+                self._owners.pop(hold_id, None)
+        return list(self._owners)
+
+
+live_holds = LiveHolds()
+
+
+def renew_live_holds(app: Flask, holds: LiveHolds = live_holds) -> int:
+    """Push the expiry of the running requests' holds forward; return how many."""
+    hold_ids = holds.hold_ids()
+    if not hold_ids:
+        return 0
+    with app.app_context():
+        try:
+            return extend_holds(hold_ids, ttl_seconds=app.config["HOLD_TTL_SECONDS"])
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("renewing the holds of running requests failed; will retry")
+            return 0
+
+
 def sweep_interval(hold_ttl_seconds: int) -> float:
-    """Seconds between sweeps: a fraction of the TTL, so a hold outlives it by little."""
+    """Seconds between sweeps: a fraction of the TTL, so a hold outlives it by little.
+
+    Live holds are renewed as often, so they stay at least half a TTL from expiring.
+    """
     return max(1.0, min(60.0, hold_ttl_seconds / 4))
 
 
@@ -39,8 +91,9 @@ def sweep_expired_holds(app: Flask) -> int:
 
 
 def run_sweeper(app: Flask) -> None:
-    """Sweep forever, every ``sweep_interval``; meant to run in its own greenlet."""
+    """Renew live holds and sweep expired ones forever; meant to run in its own greenlet."""
     interval = sweep_interval(app.config["HOLD_TTL_SECONDS"])
     while True:
         time.sleep(interval)
+        renew_live_holds(app)
         sweep_expired_holds(app)
