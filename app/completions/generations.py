@@ -54,6 +54,8 @@ class Generation:
     request: ChatRequest
     hold: HeldCredit
     prompt_tokens: int
+    # Whether prompt_tokens is the adapter's count, or only the upper bound the hold used.
+    prompt_tokens_exact: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
@@ -64,30 +66,23 @@ def start_generation(
 ) -> Generation:
     """Fit the request to the model and hold its worst-case cost.
 
+    The hold is sized with a cheap upper bound of the prompt's tokens (its UTF-8 size);
+    the prompt is tokenized only when that bound is too tight, for the context length or
+    for the balance (or key allowance), and then the exact count decides: a request that
+    fits is never refused.
+
     :raise UnsupportedContent, ContextLengthExceeded, OutputLimitExceeded: 400.
     :raise InsufficientCredits: the available balance cannot cover the worst case.
     """
     request = fit_request_to_model(request, model)
     route = model.routes[0]
-    prompt_tokens = route.adapter.count_prompt_tokens(request, route.target)
+    prompt_tokens, exact = route.adapter.prompt_token_bound(request, route.target), False
     if prompt_tokens > model.context_length:
-        raise ContextLengthExceeded(
-            f"The prompt has {prompt_tokens} tokens; model '{model.id}' takes at most "
-            f"{model.context_length}.",
-            param="messages",
-        )
-    completion_tokens = (request.max_output_tokens or model.max_output_tokens) * (
-        request.choice_count
-    )
-    worst = worst_case_cost(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=model.pricing
-    )
-    held = place_hold(
-        account_id=caller.account_id,
-        amount=worst,
-        ttl_seconds=hold_ttl_seconds,
-        key_id=caller.key_id if caller.monthly_limit is not None else None,
-    )
+        prompt_tokens, exact = _prompt_tokens_within_context(request, model), True
+    held = _hold_worst_case(caller, model, request, prompt_tokens, hold_ttl_seconds)
+    if isinstance(held, Shortfall | MonthlyLimitShortfall) and not exact:
+        prompt_tokens, exact = route.adapter.count_prompt_tokens(request, route.target), True
+        held = _hold_worst_case(caller, model, request, prompt_tokens, hold_ttl_seconds)
     if isinstance(held, Shortfall | MonthlyLimitShortfall):
         raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
     generation = Generation(
@@ -97,9 +92,44 @@ def start_generation(
         request=request,
         hold=held,
         prompt_tokens=prompt_tokens,
+        prompt_tokens_exact=exact,
     )
     live_holds.track(held.id, generation)
     return generation
+
+
+def _prompt_tokens_within_context(request: ChatRequest, model: Model) -> int:
+    """Count the prompt's tokens; raise ContextLengthExceeded past the context length.
+
+    Counting stops as soon as the count passes the context length, so a huge prompt
+    costs no more to refuse than one just too long.
+    """
+    route = model.routes[0]
+    tokens = route.adapter.count_prompt_tokens(request, route.target, limit=model.context_length)
+    if tokens > model.context_length:
+        raise ContextLengthExceeded(
+            f"The prompt is longer than model '{model.id}' takes: it has more than "
+            f"{model.context_length} tokens.",
+            param="messages",
+        )
+    return tokens
+
+
+def _hold_worst_case(
+    caller: Caller, model: Model, request: ChatRequest, prompt_tokens: int, ttl_seconds: int
+) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
+    completion_tokens = (request.max_output_tokens or model.max_output_tokens) * (
+        request.choice_count
+    )
+    worst = worst_case_cost(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=model.pricing
+    )
+    return place_hold(
+        account_id=caller.account_id,
+        amount=worst,
+        ttl_seconds=ttl_seconds,
+        key_id=caller.key_id if caller.monthly_limit is not None else None,
+    )
 
 
 def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
@@ -265,11 +295,10 @@ class StreamMeter:
         if self.usage is not None:
             completion = max(self.usage.completion_tokens, delivered)
             return replace(self.usage, completion_tokens=completion, estimated=True)
-        return Usage(
-            prompt_tokens=self.generation.prompt_tokens,
-            completion_tokens=delivered,
-            estimated=True,
-        )
+        prompt = self.generation.prompt_tokens
+        if not self.generation.prompt_tokens_exact:
+            prompt = route.adapter.count_prompt_tokens(self.generation.request, route.target)
+        return Usage(prompt_tokens=prompt, completion_tokens=delivered, estimated=True)
 
 
 def finish_generation(

@@ -163,8 +163,18 @@ class Adapter(ABC):
         """Run the request and yield its chunks as they arrive, usage last."""
 
     @abstractmethod
-    def count_prompt_tokens(self, request: ChatRequest, target: RouteTarget) -> int:
-        """Count (or estimate) the prompt tokens of ``request``, to price the hold."""
+    def count_prompt_tokens(
+        self, request: ChatRequest, target: RouteTarget, *, limit: int | None = None
+    ) -> int:
+        """Count (or estimate) the prompt tokens of ``request``, to price the hold.
+
+        With ``limit``, counting may stop once the count passes it, returning a number
+        above it: enough to refuse a prompt longer than a context window.
+        """
+
+    def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
+        """Return a cheap upper bound of the prompt tokens (this default counts them)."""
+        return self.count_prompt_tokens(request, target)
 
     @abstractmethod
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:

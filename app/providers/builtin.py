@@ -34,8 +34,12 @@ from app.providers.base import (
 )
 from app.providers.errors import UpstreamError
 from app.providers.schema_instances import schema_instance
+from app.providers.tokens import prompt_token_bound
 
-TOKEN_PATTERN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
+# A word token holds at most WORD_TOKEN_CHARACTERS: a 5 MB "word" is as many tokens as a
+# real tokenizer would make of it, not one that slips past any context length.
+WORD_TOKEN_CHARACTERS = 16
+TOKEN_PATTERN = re.compile(rf"\s*\w{{1,{WORD_TOKEN_CHARACTERS}}}|\s*[^\w\s]|\s+")
 PROMPT_WORD_PATTERN = re.compile(r"[A-Za-z]{3,}")
 MESSAGE_OVERHEAD_TOKENS = 4
 REPLY_OVERHEAD_TOKENS = 3
@@ -97,6 +101,14 @@ def message_text(message: dict[str, Any] | None) -> str:
 def last_user_message(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Return the most recent message with role user, if any."""
     return next((m for m in reversed(messages) if m.get("role") == "user"), None)
+
+
+def least_prompt_tokens(request: ChatRequest) -> int:
+    """Return a lower bound of the prompt's tokens: its text parts' non-space characters."""
+    characters = sum(
+        sum(map(len, text.split())) for message in request.messages for text in text_parts(message)
+    )
+    return -(-characters // WORD_TOKEN_CHARACTERS)
 
 
 def message_tokens(message: dict[str, Any]) -> int:
@@ -564,9 +576,23 @@ class BuiltinAdapter(Adapter):
             choices=[], usage=usage_of(prompt, cached, plans), system_fingerprint=SYSTEM_FINGERPRINT
         )
 
-    def count_prompt_tokens(self, request: ChatRequest, target: RouteTarget) -> int:
-        """Count the prompt tokens exactly as complete() and stream() report them."""
+    def count_prompt_tokens(
+        self, request: ChatRequest, target: RouteTarget, *, limit: int | None = None
+    ) -> int:
+        """Count the prompt tokens exactly as complete() and stream() report them.
+
+        With ``limit``, a prompt whose text alone must pass it is not tokenized: every
+        token holds at most WORD_TOKEN_CHARACTERS non-space characters.
+        """
+        if limit is not None and (least := least_prompt_tokens(request)) > limit:
+            return least
         return read_prompt(request, target).tokens
+
+    def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
+        """Bound the prompt tokens by the prompt's size, without tokenizing it."""
+        return prompt_token_bound(
+            request, image_tokens=IMAGE_TOKENS, low_detail_image_tokens=LOW_DETAIL_IMAGE_TOKENS
+        )
 
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
         """Count the tokens of generated text with the model's own tokenizer."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
+import time
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -55,14 +57,22 @@ def _bpe_openai() -> ModuleType:
     return bpe_openai
 
 
-def count_text(text: str, encoding: bpe_openai.Encoding) -> int:
-    """Count the tokens of ``text``, special-token lookalikes counted as plain text."""
+def count_text(text: str, encoding: bpe_openai.Encoding, *, limit: int | None = None) -> int:
+    """Count the tokens of ``text``, special-token lookalikes counted as plain text.
+
+    A long text is counted a slice at a time, yielding to the worker's other requests
+    between slices (``time.sleep`` is gevent's in a worker); with ``limit`` the count
+    stops as soon as it passes it, and returns a number above it.
+    """
     if len(text) <= SLICE_CHARACTERS:
         return len(encoding.encode_ordinary(text)) if text else 0
-    return sum(
-        len(encoding.encode_ordinary(text[start : start + SLICE_CHARACTERS]))
-        for start in range(0, len(text), SLICE_CHARACTERS)
-    )
+    tokens = 0
+    for start in range(0, len(text), SLICE_CHARACTERS):
+        tokens += len(encoding.encode_ordinary(text[start : start + SLICE_CHARACTERS]))
+        if limit is not None and tokens > limit:
+            break
+        time.sleep(0)
+    return tokens
 
 
 def count_json(value: Any, encoding: bpe_openai.Encoding) -> int:
@@ -76,30 +86,50 @@ def count_message(
     *,
     image_tokens: int,
     low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
+    limit: int | None = None,
 ) -> int:
-    """Count one message: overhead, name, text parts, images, tool calls and call id."""
+    """Count one message: overhead, name, text parts, images, tool calls and call id.
+
+    With ``limit``, counting stops once the count passes it (the result is then above it).
+    """
     tokens = MESSAGE_OVERHEAD_TOKENS
+    for kind, piece in message_pieces(message):
+        if kind == "image":
+            tokens += _image_tokens(piece, image_tokens, low_detail_image_tokens)
+            continue
+        if kind == "tool_call":
+            tokens += TOOL_CALL_OVERHEAD_TOKENS
+        remaining = None if limit is None else limit - tokens
+        tokens += count_text(piece, encoding, limit=remaining)
+        if limit is not None and tokens > limit:
+            break
+    return tokens
+
+
+def message_pieces(message: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Yield ("text", str) for every text a message carries, ("image", part) per image."""
     for text in (message.get("name"), message.get("tool_call_id")):
         if text:
-            tokens += count_text(text, encoding)
+            yield "text", text
     content = message.get("content")
     if isinstance(content, str):
-        tokens += count_text(content, encoding)
+        yield "text", content
     else:
-        tokens += sum(
-            count_part(
-                part,
-                encoding,
-                image_tokens=image_tokens,
-                low_detail_image_tokens=low_detail_image_tokens,
-            )
-            for part in content or ()
-        )
+        for part in content or ():
+            if part.get("type") == "text":
+                yield "text", part.get("text") or ""
+            else:
+                yield "image", part
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        tokens += TOOL_CALL_OVERHEAD_TOKENS + count_text(function.get("name") or "", encoding)
-        tokens += count_text(function.get("arguments") or "", encoding)
-    return tokens
+        yield "tool_call", function.get("name") or ""
+        yield "text", function.get("arguments") or ""
+
+
+def _image_tokens(part: dict[str, Any], image_tokens: int, low_detail: int | None) -> int:
+    if (part.get("image_url") or {}).get("detail") == "low" and low_detail is not None:
+        return min(low_detail, image_tokens)
+    return image_tokens
 
 
 def count_part(
@@ -116,10 +146,7 @@ def count_part(
     """
     if part.get("type") == "text":
         return count_text(part.get("text") or "", encoding)
-    low_detail = (part.get("image_url") or {}).get("detail") == "low"
-    if low_detail and low_detail_image_tokens is not None:
-        return min(low_detail_image_tokens, image_tokens)
-    return image_tokens
+    return _image_tokens(part, image_tokens, low_detail_image_tokens)
 
 
 def estimate_prompt_tokens(
@@ -128,17 +155,23 @@ def estimate_prompt_tokens(
     *,
     image_tokens: int,
     low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
+    limit: int | None = None,
 ) -> int:
-    """Estimate the prompt tokens of ``request``, erring high: messages, tools, schema."""
-    tokens = REPLY_OVERHEAD_TOKENS + sum(
-        count_message(
+    """Estimate the prompt tokens of ``request``, erring high: messages, tools, schema.
+
+    With ``limit``, counting stops once the count passes it (the result is then above it).
+    """
+    tokens = REPLY_OVERHEAD_TOKENS
+    for message in request.messages:
+        tokens += count_message(
             message,
             encoding,
             image_tokens=image_tokens,
             low_detail_image_tokens=low_detail_image_tokens,
+            limit=None if limit is None else limit - tokens,
         )
-        for message in request.messages
-    )
+        if limit is not None and tokens > limit:
+            return tokens
     params = request.params
     if params.get("tools"):
         tokens += count_json(params["tools"], encoding)
@@ -146,3 +179,41 @@ def estimate_prompt_tokens(
     if response_format.get("type") == "json_schema":
         tokens += count_json(response_format.get("json_schema") or {}, encoding)
     return tokens
+
+
+def prompt_token_bound(
+    request: ChatRequest,
+    *,
+    image_tokens: int,
+    low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
+) -> int:
+    """Return an upper bound of the prompt tokens of ``request``, without tokenizing it.
+
+    Every token of a byte-level BPE (and of the built-in model) is at least one byte, so
+    a text has no more tokens than UTF-8 bytes; the fixed overheads and image prices are
+    those the exact count adds. Declarations (tools, a response schema) are measured as
+    spaced JSON, which is never shorter than the compact JSON that is counted.
+    """
+    tokens = REPLY_OVERHEAD_TOKENS
+    for message in request.messages:
+        tokens += MESSAGE_OVERHEAD_TOKENS
+        for kind, piece in message_pieces(message):
+            if kind == "image":
+                tokens += _image_tokens(piece, image_tokens, low_detail_image_tokens)
+            else:
+                tokens += utf8_size(str(piece))
+                tokens += TOOL_CALL_OVERHEAD_TOKENS if kind == "tool_call" else 0
+    params = request.params
+    if params.get("tools"):
+        tokens += utf8_size(json.dumps(params["tools"], ensure_ascii=False))
+    response_format = params.get("response_format") or {}
+    if response_format.get("type") == "json_schema":
+        tokens += utf8_size(
+            json.dumps(response_format.get("json_schema") or {}, ensure_ascii=False)
+        )
+    return tokens
+
+
+def utf8_size(text: str) -> int:
+    """Return the length of ``text`` in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

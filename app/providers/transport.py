@@ -40,6 +40,7 @@ from app.providers.tokens import (
     encoding_named,
     encoding_names,
     estimate_prompt_tokens,
+    prompt_token_bound,
 )
 
 log = logging.getLogger(__name__)
@@ -264,12 +265,24 @@ class HttpUpstreamAdapter(Adapter):
             message = message.replace(upstream_model, public_model)
         return UpstreamRejected(message, param=param)
 
-    def count_prompt_tokens(self, request: ChatRequest, target: RouteTarget) -> int:
-        """Estimate the prompt tokens of ``request``, on the high side."""
+    def count_prompt_tokens(
+        self, request: ChatRequest, target: RouteTarget, *, limit: int | None = None
+    ) -> int:
+        """Estimate the prompt tokens of ``request``, on the high side (see Adapter)."""
         encoding = encoding_named(target.tokenizer or self.tokenizer)
         tokens = estimate_prompt_tokens(
             request,
             encoding,
+            image_tokens=self.image_tokens,
+            low_detail_image_tokens=self.low_detail_image_tokens,
+            limit=None if limit is None else math.ceil(limit / self.token_ratio),
+        )
+        return math.ceil(tokens * self.token_ratio)
+
+    def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
+        """Bound the prompt tokens by the prompt's UTF-8 size, without tokenizing it."""
+        tokens = prompt_token_bound(
+            request,
             image_tokens=self.image_tokens,
             low_detail_image_tokens=self.low_detail_image_tokens,
         )
