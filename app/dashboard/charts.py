@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 
+from app.dashboard.formatting import format_usd
+
 PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4b5563")
 WIDTH, HEIGHT = 720, 220
-LEFT, BOTTOM, TOP = 56, 24, 12
+LEFT, RIGHT, BOTTOM, TOP = 76, 24, 24, 12
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class SpendChart:
     legend: list[tuple[str, str]]
     total: Decimal
     plot_left: int
+    plot_right: int
     plot_bottom: int
 
 
@@ -94,7 +97,7 @@ def spend_chart(spend: dict[tuple[date, str], Decimal], *, days: int, today: dat
         plot_height=HEIGHT - BOTTOM - TOP,
         colors={model: PALETTE[i % len(PALETTE)] for i, model in enumerate(models)},
     )
-    slot = (WIDTH - LEFT) / days
+    slot = (WIDTH - LEFT - RIGHT) / days
     bars = [
         bar
         for i, day in enumerate(dates)
@@ -103,11 +106,14 @@ def spend_chart(spend: dict[tuple[date, str], Decimal], *, days: int, today: dat
     x_ticks = [
         Tick(LEFT + i * slot + slot / 2, HEIGHT - 6, day.strftime("%b %d"))
         for i, day in enumerate(dates)
-        if i % 7 == 0 or i == days - 1
+        if (days - 1 - i) % 7 == 0
     ]
     y_ticks = [
-        Tick(LEFT - 6, HEIGHT - BOTTOM - share * scale.plot_height + 4, f"${scale.top * share:f}")
-        for share in (Decimal(0), Decimal("0.5"), Decimal(1))
+        Tick(
+            LEFT - 6, HEIGHT - BOTTOM - share * scale.plot_height + 4, format_usd(scale.top * share)
+        )
+        for share in (0, 0.5, 1)
+        for top_share in [scale.top * Decimal(str(share))]
     ]
     return SpendChart(
         width=WIDTH,
@@ -118,5 +124,6 @@ def spend_chart(spend: dict[tuple[date, str], Decimal], *, days: int, today: dat
         legend=list(scale.colors.items()),
         total=sum(per_day.values(), Decimal(0)),
         plot_left=LEFT,
+        plot_right=WIDTH - RIGHT,
         plot_bottom=HEIGHT - BOTTOM,
     )

@@ -78,7 +78,6 @@ class KeyLimitsForm(FlaskForm):
     )
     monthly_limit = StringField(
         "Monthly spend limit (USD)",
-        validators=[Optional()],
         description="Blank: no limit. Counted per calendar month, UTC.",
     )
 

@@ -39,6 +39,7 @@ from app.credits.errors import IdempotencyConflict
 from app.credits.ledger import grant_credits
 from app.dashboard import accounts, usage
 from app.dashboard.charts import spend_chart
+from app.dashboard.formatting import format_usd
 from app.dashboard.forms import (
     CreateKeyForm,
     GrantForm,
@@ -66,6 +67,7 @@ bp = Blueprint(
     static_folder="static",
     static_url_path="/dashboard/static",
 )
+bp.add_app_template_filter(format_usd, "usd")
 CHART_DAYS = 30
 CSV_COLUMNS = (
     "time", "id", "model", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
