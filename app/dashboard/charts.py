@@ -109,11 +109,9 @@ def spend_chart(spend: dict[tuple[date, str], Decimal], *, days: int, today: dat
         if (days - 1 - i) % 7 == 0
     ]
     y_ticks = [
-        Tick(
-            LEFT - 6, HEIGHT - BOTTOM - share * scale.plot_height + 4, format_usd(scale.top * share)
-        )
-        for share in (0, 0.5, 1)
-        for top_share in [scale.top * Decimal(str(share))]
+        Tick(LEFT - 6, HEIGHT - BOTTOM - float(share) * scale.plot_height + 4, format_usd(value))
+        for share in (Decimal(0), Decimal("0.5"), Decimal(1))
+        for value in [scale.top * share]
     ]
     return SpendChart(
         width=WIDTH,

@@ -13,6 +13,11 @@ from app.auth.errors import InvalidKeyLimits
 from app.auth.keys import checked_monthly_limit, checked_permitted_models
 
 MAX_USD = Decimal("1000000")
+PASSWORD_LENGTH = Length(
+    min=MIN_PASSWORD_LENGTH,
+    max=MAX_PASSWORD_LENGTH,
+    message=f"Use at least {MIN_PASSWORD_LENGTH} characters (and at most {MAX_PASSWORD_LENGTH}).",
+)
 
 
 class SignInForm(FlaskForm):
@@ -35,7 +40,7 @@ class SignUpForm(FlaskForm):
     )
     password = PasswordField(
         "Password",
-        validators=[DataRequired(), Length(min=MIN_PASSWORD_LENGTH, max=MAX_PASSWORD_LENGTH)],
+        validators=[DataRequired(), PASSWORD_LENGTH],
         description=f"At least {MIN_PASSWORD_LENGTH} characters.",
     )
 
@@ -45,7 +50,7 @@ class SetPasswordForm(FlaskForm):
 
     password = PasswordField(
         "Password",
-        validators=[DataRequired(), Length(min=MIN_PASSWORD_LENGTH, max=MAX_PASSWORD_LENGTH)],
+        validators=[DataRequired(), PASSWORD_LENGTH],
         description=f"At least {MIN_PASSWORD_LENGTH} characters.",
     )
 

@@ -139,7 +139,7 @@ def sign_up() -> BaseResponse | str | tuple[str, int]:
         else:
             start_session(account)
             return redirect(url_for(".list_keys"))
-    return render_template("dashboard/sign_up.html", form=form)
+    return render_template("dashboard/sign_up.html", form=form), 400 if form.errors else 200
 
 
 @bp.route("/signin", methods=["GET", "POST"])

@@ -84,6 +84,13 @@ def make_holder(app, credits: Decimal = Decimal("5")) -> tuple[int, str]:
         return account.id, email
 
 
+def new_client(app) -> FlaskClient:
+    """A test client from an address of its own, so sign-in limits per address stay apart."""
+    client = app.test_client()
+    client.environ_base["REMOTE_ADDR"] = f"10.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}.9"
+    return client
+
+
 def sign_in(client: FlaskClient, email: str, password: str = PASSWORD):
     """Sign ``client`` in through the sign-in form; return the response."""
     token = csrf_token(client.get("/signin").text)
@@ -94,6 +101,6 @@ def sign_in(client: FlaskClient, email: str, password: str = PASSWORD):
 def holder_client(app) -> tuple[FlaskClient, int, str]:
     """A test client signed in as a new holder with $5: (client, account id, email)."""
     account_id, email = make_holder(app)
-    client = app.test_client()
+    client = new_client(app)
     assert sign_in(client, email).status_code == 302
     return client, account_id, email
