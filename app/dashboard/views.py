@@ -191,7 +191,8 @@ def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
         else:
             start_session(account)
             return redirect(url_for(".list_keys"))
-    return render_template("dashboard/invite.html", form=form, email=account.email)
+    page = render_template("dashboard/invite.html", form=form, email=account.email)
+    return page, 400 if form.errors else 200
 
 
 def _model_choices() -> list[tuple[str, str]]:
