@@ -111,10 +111,13 @@ def not_found(error: NotFound) -> tuple[str, int]:
 
 
 @bp.errorhandler(RateLimitExceeded)
-def too_many_attempts(error: RateLimitExceeded) -> tuple[str, int]:
-    """Answer 429 on the sign-in page."""
-    flash("Too many sign-in attempts. Wait a few minutes and try again.", "error")
-    return render_template("dashboard/sign_in.html", form=SignInForm()), 429
+def too_many_requests(error: RateLimitExceeded) -> tuple[str, int]:
+    """Answer 429: on the sign-in page for sign-in attempts, on an error page otherwise."""
+    if request.endpoint == "dashboard.sign_in":
+        flash("Too many sign-in attempts. Wait a few minutes and try again.", "error")
+        return render_template("dashboard/sign_in.html", form=SignInForm()), 429
+    message = "Too many requests from your address. Wait a minute and try again."
+    return render_template("dashboard/error.html", title="Slow down", message=message), 429
 
 
 @bp.get("/")
@@ -373,10 +376,15 @@ def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
     yield buffer.getvalue()
 
 
+def _csv_text(value: str) -> str:
+    # A cell starting like a formula would run as one in a spreadsheet; a quote keeps it text.
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
 def _csv_row(generation: Generation, key_name: str | None) -> list[object]:
     return [
-        generation.created_at.isoformat(), generation.id, generation.model,
-        key_name or "", generation.prompt_tokens, generation.cached_tokens,
+        generation.created_at.isoformat(), generation.id, _csv_text(generation.model),
+        _csv_text(key_name or ""), generation.prompt_tokens, generation.cached_tokens,
         generation.completion_tokens, generation.reasoning_tokens, f"{generation.cost:f}",
         generation.latency_ms, generation.status, str(generation.streamed).lower(),
         str(generation.estimated).lower(),

@@ -352,3 +352,12 @@ def test_the_operators_page_is_not_there_for_holders(app, holder_client):
     assert client.post(f"/admin/accounts/{account_id}/grant", data=data).status_code == 404
     with app.app_context():
         assert db.session.get(Account, account_id).balance == Decimal("5")
+
+
+def test_a_key_name_like_a_formula_stays_text_in_the_csv(app, holder_client):
+    client, account_id, email = holder_client
+    with app.app_context():
+        issued = create_key(email=email, name="=HYPERLINK(1)")
+    record_generation(app, account_id, issued.id, "dev-chat", "0.01")
+    row = client.get("/usage.csv").text.splitlines()[1]
+    assert ",'=HYPERLINK(1)," in row
