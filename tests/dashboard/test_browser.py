@@ -83,6 +83,7 @@ def test_a_holder_manages_keys_and_sees_their_usage_in_the_browser(
     answered: list[Decimal] = []
 
     first = create_key(page, "browser key")
+    page.screenshot(path=str(artifacts / "key-created.png"), full_page=True)
     page.get_by_role("button", name="Copy").click()
     assert page.evaluate("navigator.clipboard.readText()") == first
     ok = ask(url, first)
@@ -132,6 +133,8 @@ def test_a_holder_manages_keys_and_sees_their_usage_in_the_browser(
     assert "monthly limit" in response.json()["error"]["message"]
 
     page.get_by_role("link", name="Keys", exact=True).click()
+    fits = "(t => t.scrollWidth <= t.clientWidth)(document.querySelector('.table-scroll'))"
+    assert page.evaluate(fits), "every column of the keys table shows at desktop width"
     page.screenshot(path=str(artifacts / "keys.png"), full_page=True)
     page.get_by_role("link", name="Usage", exact=True).click()
     page.screenshot(path=str(artifacts / "usage.png"), full_page=True)
