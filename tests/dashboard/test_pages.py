@@ -11,6 +11,7 @@ from app.accounts.models import AccountPassword
 from app.auth.keys import create_key
 from app.auth.models import ApiKey
 from app.completions.models import Generation
+from app.credits.ledger import grant_credits
 from app.credits.models import Account, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
@@ -361,3 +362,24 @@ def test_a_key_name_like_a_formula_stays_text_in_the_csv(app, holder_client):
     record_generation(app, account_id, issued.id, "dev-chat", "0.01")
     row = client.get("/usage.csv").text.splitlines()[1]
     assert ",'=HYPERLINK(1)," in row
+
+
+def test_the_ledger_lists_newest_first_fifty_a_page(app, holder_client):
+    client, account_id, _ = holder_client
+    with app.app_context():
+        for number in range(1, 56):
+            grant_credits(account_id=account_id, amount=Decimal("0.01"), description=f"g{number}")
+    first = client.get("/balance").text
+    assert first.index(">g55<") < first.index(">g54<") and ">g6<" in first and ">g5<" not in first
+    assert 'rel="next" href="/balance?page=2"' in first and 'rel="prev"' not in first
+    second = client.get("/balance?page=2").text
+    assert ">g5<" in second and ">test<" in second and 'rel="next"' not in second
+
+
+def test_operator_commands_find_a_signed_up_account_by_its_email(app, runner):
+    client = new_client(app)
+    email = new_email()
+    post_form(client, "/signup", "/signup", {"email": email, "password": PASSWORD})
+    granted = runner.invoke(args=["credits", "grant", email, "3"])
+    assert granted.exit_code == 0 and "balance=$3" in granted.output
+    assert "$3.00" in client.get("/balance").text
