@@ -11,9 +11,10 @@ from typing import Any
 from flask import Flask
 
 from app.catalog.registry import init_catalog
+from app.dashboard.session import init_sessions
 from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
-from app.extensions import db, migrate
+from app.extensions import csrf, db, migrate
 from app.ratelimits import init_rate_limits, limiter
 from config.settings import config_class, instance_defaults, settings_from_environment
 
@@ -43,25 +44,29 @@ def configure_logging(app: Flask) -> None:
 
 
 def register_extensions(app: Flask) -> None:
-    """Bind the database, migrations, rate limits and the model catalog."""
+    """Bind the database, migrations, rate limits, the model catalog and dashboard sessions."""
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS_DIRECTORY)
     init_rate_limits(app)
     init_catalog(app)
+    csrf.init_app(app)
+    init_sessions(app)
 
 
 def register_blueprints(app: Flask) -> None:
-    """Mount the API under /v1 and the probes at the root."""
+    """Mount the API under /v1, the probes and the dashboard at the root."""
     from app import health
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
+    from app.dashboard import views as dashboard_views
 
     app.register_blueprint(health.bp)
     limiter.exempt(health.bp)
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
     app.register_blueprint(credit_views.bp, url_prefix="/v1")
+    app.register_blueprint(dashboard_views.bp)
 
 
 def register_commands(app: Flask) -> None:

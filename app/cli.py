@@ -7,6 +7,8 @@ A command that issues a key prints the value alone on the last line of stdout, s
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
@@ -15,6 +17,8 @@ import click
 from flask import Flask
 from flask.cli import AppGroup
 
+from app.accounts.invites import create_invite
+from app.accounts.passwords import set_password
 from app.auth import keys
 from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.catalog.registry import current_catalog
@@ -51,7 +55,7 @@ class OperatorGroup(AppGroup):
     command_class = OperatorCommand
 
 
-accounts_cli = OperatorGroup("accounts", help="Create accounts.")
+accounts_cli = OperatorGroup("accounts", help="Create accounts and invite their holders.")
 credits_cli = OperatorGroup("credits", help="Add credits to accounts.")
 keys_cli = OperatorGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
 catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
@@ -132,6 +136,22 @@ def create_account_command(email: str, amount: Decimal | None, admin: bool) -> N
         if amount:
             ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
     click.echo(f"created account {account.id} {email} balance=${account.balance:f}")
+
+
+@accounts_cli.command("invite")
+@click.argument("email")
+@click.option(
+    "--base-url",
+    default=lambda: f"http://localhost:{os.environ.get('PORT', '8000')}",
+    show_default="http://localhost:$PORT",
+    help="The dashboard's address as its users reach it.",
+)
+def invite_command(email: str, base_url: str) -> None:
+    """Print a one-time link, valid 24 hours, where EMAIL sets a dashboard password."""
+    with operator_errors():
+        token = create_invite(email)
+    click.echo(f"invite for {email}, valid for 24 hours and for one use:")
+    click.echo(f"{base_url.rstrip('/')}/invite/{token}")
 
 
 @credits_cli.command("grant")
@@ -255,7 +275,10 @@ def demo_setup_command() -> None:
         return
     account = create_account(email=DEMO_EMAIL)
     ledger.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
+    password = secrets.token_urlsafe(12)
+    set_password(account.id, password)
     issued = keys.create_key(email=DEMO_EMAIL, name="demo")
+    click.echo(f"dashboard: sign in at /signin as {DEMO_EMAIL} with the password {password}")
     click.echo(f"demo account {DEMO_EMAIL} with ${DEMO_CREDITS} of credits; its API key:")
     click.echo(issued.value)
 

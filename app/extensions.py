@@ -1,7 +1,9 @@
 """Flask extensions, created unbound here and bound to the app in the factory."""
 
+from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
+from flask_wtf.csrf import CSRFProtect
 from sqlalchemy import MetaData
 
 # Named constraints let Alembic alter them later, SQLite included.
@@ -15,3 +17,5 @@ NAMING_CONVENTION = {
 
 db = SQLAlchemy(metadata=MetaData(naming_convention=NAMING_CONVENTION))
 migrate = Migrate()
+login_manager = LoginManager()
+csrf = CSRFProtect()

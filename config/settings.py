@@ -32,6 +32,16 @@ class Config:
     # A hold outlives its request only when the worker died; it is released after this long.
     HOLD_TTL_SECONDS = 900
     JSON_SORT_KEYS = False
+    # Whether the dashboard lets anyone sign up; when "closed", operators invite.
+    SIGNUP = "open"
+    # Dashboard sessions: the cookie is out of scripts' reach and not sent cross-site.
+    SESSION_COOKIE_HTTPONLY = True
+    SESSION_COOKIE_SAMESITE = "Lax"
+    # The dashboard's forms check their CSRF token themselves; the API has none to check.
+    WTF_CSRF_CHECK_DEFAULT = False
+    # Sign-in attempts, per email and per client address (the limits library's notation).
+    SIGN_IN_LIMIT_PER_EMAIL = "5 per minute;20 per hour"
+    SIGN_IN_LIMIT_PER_ADDRESS = "20 per minute;100 per hour"
 
 
 class DevelopmentConfig(Config):
@@ -52,6 +62,8 @@ class ProductionConfig(Config):
     """A deployed service: DATABASE_URL and SECRET_KEY come from the platform."""
 
     ENV_NAME = "production"
+    SIGNUP = "closed"
+    SESSION_COOKIE_SECURE = True
 
 
 CONFIGS: dict[str, type[Config]] = {
@@ -80,6 +92,12 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _signup_mode(value: str) -> str:
+    if value not in ("open", "closed"):
+        raise ValueError("must be open or closed")
+    return value
+
+
 # Every environment variable the application reads, with its setting name and coercer.
 ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("DATABASE_URL", "SQLALCHEMY_DATABASE_URI", normalize_database_url),
@@ -88,6 +106,7 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("RATE_LIMIT", "RATE_LIMIT", str),
     ("MODEL_CATALOG", "MODEL_CATALOG", str),
     ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
+    ("SIGNUP", "SIGNUP", _signup_mode),
 )
 
 

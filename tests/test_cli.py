@@ -82,8 +82,11 @@ def test_catalog_list(runner):
 
 
 def test_demo_setup_prints_its_key_once(runner, app):
+    import re
+
     from app.cli import DEMO_EMAIL
     from app.credits.accounts import find_account
+    from tests.dashboard.conftest import new_client, sign_in
 
     with app.app_context():
         assert find_account(DEMO_EMAIL) is None  # each test database starts empty
@@ -93,3 +96,5 @@ def test_demo_setup_prints_its_key_once(runner, app):
     assert "$10 of credits" in first.output
     assert parse_key(last_line(second)) is None
     assert "exists" in second.output
+    password = re.search(r"as demo@example.com with the password (\S+)", first.output).group(1)
+    assert sign_in(new_client(app), DEMO_EMAIL, password).status_code == 302

@@ -148,14 +148,20 @@ def grant_credits(
     amount: Decimal,
     idempotency_key: str | None = None,
     description: str | None = None,
+    granted_by: str | None = None,
 ) -> tuple[LedgerEntry, bool]:
     """Add ``amount`` USD to the balance; return the entry and whether it is new.
 
     A grant repeated with the same idempotency key is applied once: the first entry is
-    returned. :raise IdempotencyConflict: the key was used for a different amount.
+    returned. ``granted_by`` (an operator's email) is recorded in the description as
+    ``granted by EMAIL: description``. :raise IdempotencyConflict: the key was used for
+    a different amount.
     """
     if amount <= 0:
         raise ValueError("a grant must be a positive amount")
+    if granted_by:
+        description = f"granted by {granted_by}" + (f": {description}" if description else "")
+        description = description[:255]
     if idempotency_key and (entry := _grant_by_key(account_id, idempotency_key)):
         return _same_grant_or_raise(entry, amount), False
     entry = LedgerEntry(

@@ -1,0 +1,1 @@
+"""Dashboard sign-in for accounts: passwords (Argon2id) and operators' invites."""

@@ -1,0 +1,1 @@
+"""The account dashboard: server-rendered pages for keys, balance, usage and operators."""

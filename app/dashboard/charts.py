@@ -1,0 +1,127 @@
+"""The usage page's chart: daily spend per model, as stacked bars laid out for SVG."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, timedelta
+from decimal import Decimal
+
+from app.dashboard.formatting import format_usd
+
+PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4b5563")
+WIDTH, HEIGHT = 720, 220
+LEFT, RIGHT, BOTTOM, TOP = 76, 24, 24, 12
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One model's spend on one day: a rectangle and its tooltip."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A label on an axis."""
+
+    x: float
+    y: float
+    text: str
+
+
+@dataclass(frozen=True)
+class SpendChart:
+    """Everything the template draws: bars, axis labels and the legend."""
+
+    width: int
+    height: int
+    bars: list[Bar]
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+    legend: list[tuple[str, str]]
+    total: Decimal
+    plot_left: int
+    plot_right: int
+    plot_bottom: int
+
+
+def _scale_top(peak: Decimal) -> Decimal:
+    """Round the largest day up to a 1, 2 or 5 step, so the axis reads well."""
+    if peak <= 0:
+        return Decimal("0.01")
+    step = Decimal(10) ** (peak.adjusted())
+    for multiple in (1, 2, 5, 10):
+        if peak <= step * multiple:
+            return step * multiple
+    return step * 10
+
+
+def _day_bars(
+    spend: dict[tuple[date, str], Decimal], day: date, x: float, width: float, scale: Scale
+) -> list[Bar]:
+    bars, base = [], float(HEIGHT - BOTTOM)
+    for model, color in scale.colors.items():
+        cost = spend.get((day, model), Decimal(0))
+        if cost <= 0:
+            continue
+        height = max(float(cost / scale.top) * scale.plot_height, 1.0)
+        base -= height
+        bars.append(Bar(x, base, width, height, color, f"{day.isoformat()} {model}: ${cost:.4f}"))
+    return bars
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The y axis's top value, the plot's height in pixels, and each model's color."""
+
+    top: Decimal
+    plot_height: int
+    colors: dict[str, str]
+
+
+def spend_chart(spend: dict[tuple[date, str], Decimal], *, days: int, today: date) -> SpendChart:
+    """Lay out ``spend`` (cost per day and model) as one stacked bar per day."""
+    dates = [today - timedelta(days=days - 1 - i) for i in range(days)]
+    models = sorted({model for _, model in spend})
+    per_day = {day: Decimal(0) for day in dates}
+    for (day, _), cost in spend.items():
+        if day in per_day:
+            per_day[day] += cost
+    scale = Scale(
+        top=_scale_top(max(per_day.values(), default=Decimal(0))),
+        plot_height=HEIGHT - BOTTOM - TOP,
+        colors={model: PALETTE[i % len(PALETTE)] for i, model in enumerate(models)},
+    )
+    slot = (WIDTH - LEFT - RIGHT) / days
+    bars = [
+        bar
+        for i, day in enumerate(dates)
+        for bar in _day_bars(spend, day, LEFT + i * slot + 2, slot - 4, scale)
+    ]
+    x_ticks = [
+        Tick(LEFT + i * slot + slot / 2, HEIGHT - 6, day.strftime("%b %d"))
+        for i, day in enumerate(dates)
+        if (days - 1 - i) % 7 == 0
+    ]
+    y_ticks = [
+        Tick(LEFT - 6, HEIGHT - BOTTOM - float(share) * scale.plot_height + 4, format_usd(value))
+        for share in (Decimal(0), Decimal("0.5"), Decimal(1))
+        for value in [scale.top * share]
+    ]
+    return SpendChart(
+        width=WIDTH,
+        height=HEIGHT,
+        bars=bars,
+        x_ticks=x_ticks,
+        y_ticks=y_ticks,
+        legend=list(scale.colors.items()),
+        total=sum(per_day.values(), Decimal(0)),
+        plot_left=LEFT,
+        plot_right=WIDTH - RIGHT,
+        plot_bottom=HEIGHT - BOTTOM,
+    )

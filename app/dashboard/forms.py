@@ -1,0 +1,120 @@
+"""The dashboard's forms: what each accepts, with the field errors a holder sees."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from flask_wtf import FlaskForm
+from wtforms import EmailField, HiddenField, PasswordField, SelectMultipleField, StringField
+from wtforms.validators import DataRequired, Length, Optional, Regexp, ValidationError
+
+from app.accounts.passwords import MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH
+from app.auth.errors import InvalidKeyLimits
+from app.auth.keys import checked_monthly_limit, checked_permitted_models
+
+MAX_USD = Decimal("1000000")
+PASSWORD_LENGTH = Length(
+    min=MIN_PASSWORD_LENGTH,
+    max=MAX_PASSWORD_LENGTH,
+    message=f"Use at least {MIN_PASSWORD_LENGTH} characters (and at most {MAX_PASSWORD_LENGTH}).",
+)
+
+
+class SignInForm(FlaskForm):
+    """Email and password."""
+
+    email = EmailField("Email", validators=[DataRequired(), Length(max=320)])
+    password = PasswordField("Password", validators=[DataRequired()])
+
+
+class SignUpForm(FlaskForm):
+    """A new account's email and password."""
+
+    email = EmailField(
+        "Email",
+        validators=[
+            DataRequired(),
+            Regexp(r"^[^@\s]+@[^@\s]+\.[^@\s]+$", message="Enter an email address."),
+            Length(max=320),
+        ],
+    )
+    password = PasswordField(
+        "Password",
+        validators=[DataRequired(), PASSWORD_LENGTH],
+        description=f"At least {MIN_PASSWORD_LENGTH} characters.",
+    )
+
+
+class SetPasswordForm(FlaskForm):
+    """The password an invited holder chooses."""
+
+    password = PasswordField(
+        "Password",
+        validators=[DataRequired(), PASSWORD_LENGTH],
+        description=f"At least {MIN_PASSWORD_LENGTH} characters.",
+    )
+
+
+def parse_usd(raw: str | None, *, allow_zero: bool) -> Decimal | None:
+    """Return ``raw`` as USD, None when blank. :raise ValidationError: not such an amount."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        amount = Decimal(raw.strip().lstrip("$"))
+    except InvalidOperation:
+        raise ValidationError("Enter an amount in USD, such as 25 or 2.50.") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValidationError("Enter zero or a positive amount.")
+    if amount == 0 and not allow_zero:
+        raise ValidationError("Enter an amount above zero.")
+    if amount > MAX_USD or amount.as_tuple().exponent < -10:
+        raise ValidationError("Enter at most $1,000,000, to at most 10 decimal places.")
+    return amount
+
+
+class KeyLimitsForm(FlaskForm):
+    """The models a key may use (none chosen: all) and its monthly spend limit."""
+
+    permitted_models = SelectMultipleField(
+        "Permitted models",
+        choices=[],
+        validate_choice=False,
+        description="Hold Ctrl or Cmd to choose several. None chosen: every model.",
+    )
+    monthly_limit = StringField(
+        "Monthly spend limit (USD)",
+        description="Blank: no limit. Counted per calendar month, UTC.",
+    )
+
+    def validate_permitted_models(self, field: SelectMultipleField) -> None:
+        """Refuse a model the catalog does not serve; none chosen is every model."""
+        try:
+            field.models = checked_permitted_models(field.data or None)
+        except InvalidKeyLimits as error:
+            raise ValidationError(str(error).capitalize() + ".") from None
+
+    def validate_monthly_limit(self, field: StringField) -> None:
+        """Refuse a negative or non-numeric limit."""
+        amount = parse_usd(field.data, allow_zero=True)
+        try:
+            field.amount = checked_monthly_limit(amount)
+        except InvalidKeyLimits as error:
+            raise ValidationError(str(error).capitalize() + ".") from None
+
+
+class CreateKeyForm(KeyLimitsForm):
+    """A new key's name, and its limits."""
+
+    name = StringField("Key name", validators=[DataRequired(), Length(max=100)])
+
+
+class GrantForm(FlaskForm):
+    """An operator's grant of credits; the idempotency key makes a resubmission a no-op."""
+
+    amount = StringField("Amount (USD)", validators=[DataRequired()])
+    note = StringField("Note", validators=[Optional(), Length(max=120)])
+    idempotency_key = HiddenField(validators=[DataRequired(), Length(max=64)])
+
+    def validate_amount(self, field: StringField) -> None:
+        """Refuse a non-positive or non-numeric amount."""
+        field.amount = parse_usd(field.data, allow_zero=False)

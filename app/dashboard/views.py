@@ -1,0 +1,453 @@
+"""The dashboard's pages: each view parses, calls the domain, and renders."""
+
+from __future__ import annotations
+
+import csv
+import io
+import secrets
+from collections.abc import Iterator
+from datetime import date
+
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    session,
+    stream_with_context,
+    url_for,
+)
+from flask_limiter.errors import RateLimitExceeded
+from flask_login import current_user, login_required, logout_user
+from flask_wtf.csrf import CSRFError
+from werkzeug.exceptions import NotFound
+from werkzeug.wrappers import Response as BaseResponse
+
+from app.accounts.invites import InviteInvalid, accept_invite, find_invited_account
+from app.accounts.passwords import WeakPassword, authenticate, register_account
+from app.auth import keys
+from app.auth.errors import InvalidKeyLimits
+from app.auth.models import ApiKey
+from app.catalog.registry import current_catalog
+from app.completions.models import Generation
+from app.credits.accounts import AccountExists
+from app.credits.errors import IdempotencyConflict
+from app.credits.ledger import grant_credits
+from app.dashboard import accounts, usage
+from app.dashboard.charts import spend_chart
+from app.dashboard.formatting import format_usd
+from app.dashboard.forms import (
+    CreateKeyForm,
+    GrantForm,
+    KeyLimitsForm,
+    SetPasswordForm,
+    SignInForm,
+    SignUpForm,
+)
+from app.dashboard.security import (
+    admin_required,
+    sign_in_address,
+    sign_in_email,
+    sign_in_limit_per_address,
+    sign_in_limit_per_email,
+)
+from app.dashboard.session import start_session
+from app.database import utcnow
+from app.extensions import csrf
+from app.ratelimits import limiter
+
+bp = Blueprint(
+    "dashboard",
+    __name__,
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/dashboard/static",
+)
+bp.add_app_template_filter(format_usd, "usd")
+CHART_DAYS = 30
+CSV_COLUMNS = (
+    "time", "id", "model", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
+    "reasoning_tokens", "cost_usd", "latency_ms", "status", "streamed", "estimated",
+)  # fmt: skip
+
+
+@bp.before_request
+def protect_forms() -> None:
+    """Refuse a form posted without its CSRF token (400), before any view runs."""
+    csrf.protect()
+
+
+@bp.after_request
+def set_security_headers(response: Response) -> Response:
+    """Forbid framing, inline scripts, foreign referrers, and caching of private pages."""
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    )
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    if request.endpoint != "dashboard.static":
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.errorhandler(CSRFError)
+def refuse_without_csrf(error: CSRFError) -> tuple[str, int]:
+    """Answer 400 with a page saying the form expired."""
+    message = "The form was missing its security token or it expired. Go back and try again."
+    return render_template("dashboard/error.html", title="Bad request", message=message), 400
+
+
+@bp.errorhandler(NotFound)
+def not_found(error: NotFound) -> tuple[str, int]:
+    """Answer 404 with a page: another account's key is no key."""
+    message = "There is nothing here, or it is not yours."
+    return render_template("dashboard/error.html", title="Not found", message=message), 404
+
+
+@bp.errorhandler(RateLimitExceeded)
+def too_many_requests(error: RateLimitExceeded) -> tuple[str, int]:
+    """Answer 429: on the sign-in page for sign-in attempts, on an error page otherwise."""
+    if request.endpoint == "dashboard.sign_in":
+        flash("Too many sign-in attempts. Wait a few minutes and try again.", "error")
+        return render_template("dashboard/sign_in.html", form=SignInForm()), 429
+    message = "Too many requests from your address. Wait a minute and try again."
+    return render_template("dashboard/error.html", title="Slow down", message=message), 429
+
+
+@bp.get("/")
+def home() -> BaseResponse:
+    """Send holders to their keys, everyone else to sign in."""
+    return redirect(url_for(".list_keys" if current_user.is_authenticated else ".sign_in"))
+
+
+@bp.route("/signup", methods=["GET", "POST"])
+def sign_up() -> BaseResponse | str | tuple[str, int]:
+    """Create an account with email and password, and sign it in."""
+    if current_app.config["SIGNUP"] != "open":
+        return render_template("dashboard/sign_up_closed.html"), 403
+    form = SignUpForm()
+    if form.validate_on_submit():
+        try:
+            account = register_account(email=form.email.data, password=form.password.data)
+        except AccountExists as error:
+            form.email.errors.append(str(error))
+        except WeakPassword as error:
+            form.password.errors.append(str(error))
+        else:
+            start_session(account)
+            return redirect(url_for(".list_keys"))
+    return render_template("dashboard/sign_up.html", form=form), 400 if form.errors else 200
+
+
+@bp.route("/signin", methods=["GET", "POST"])
+@limiter.limit(sign_in_limit_per_email, key_func=sign_in_email, methods=["POST"])
+@limiter.limit(sign_in_limit_per_address, key_func=sign_in_address, methods=["POST"])
+def sign_in() -> BaseResponse | str | tuple[str, int]:
+    """Sign in with email and password; one message for whatever was wrong."""
+    form = SignInForm()
+    if form.validate_on_submit():
+        account = authenticate(form.email.data, form.password.data)
+        if account is not None:
+            start_session(account)
+            return redirect(_safe_next(request.args.get("next")))
+        flash("Incorrect email or password.", "error")
+        return render_template("dashboard/sign_in.html", form=form), 401
+    return render_template("dashboard/sign_in.html", form=form)
+
+
+def _safe_next(target: str | None) -> str:
+    # Only a path on this site: an absolute or scheme-relative URL would be an open redirect.
+    if target and target.startswith("/") and not target.startswith("//"):
+        return target
+    return url_for(".list_keys")
+
+
+@bp.post("/signout")
+def sign_out() -> BaseResponse:
+    """End the session."""
+    logout_user()
+    session.clear()
+    return redirect(url_for(".sign_in"))
+
+
+@bp.route("/invite/<token>", methods=["GET", "POST"])
+def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
+    """Let an invited holder set a password, once, within 24 hours."""
+    try:
+        account = find_invited_account(token)
+    except InviteInvalid as error:
+        return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
+    form = SetPasswordForm()
+    if form.validate_on_submit():
+        try:
+            account = accept_invite(token, form.password.data)
+        except InviteInvalid as error:
+            return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
+        except WeakPassword as error:
+            form.password.errors.append(str(error))
+        else:
+            start_session(account)
+            return redirect(url_for(".list_keys"))
+    page = render_template("dashboard/invite.html", form=form, email=account.email)
+    return page, 400 if form.errors else 200
+
+
+def _model_choices() -> list[tuple[str, str]]:
+    return [(model.id, model.id) for model in current_catalog().list()]
+
+
+def _keys_page(form: CreateKeyForm, status: int = 200) -> tuple[str, int]:
+    rows = accounts.account_key_rows(current_user.account_id, utcnow())
+    return render_template("dashboard/keys.html", rows=rows, form=form), status
+
+
+@bp.get("/keys")
+@login_required
+def list_keys() -> tuple[str, int]:
+    """List the account's keys, with the form to create one."""
+    form = CreateKeyForm()
+    form.permitted_models.choices = _model_choices()
+    return _keys_page(form)
+
+
+@bp.post("/keys")
+@login_required
+def create_key() -> tuple[str, int]:
+    """Create a named key and show its value, this once."""
+    form = CreateKeyForm()
+    form.permitted_models.choices = _model_choices()
+    if not form.validate():
+        return _keys_page(form, 400)
+    try:
+        issued = keys.create_key(
+            email=current_user.email,
+            name=form.name.data.strip(),
+            permitted_models=form.permitted_models.models,
+            monthly_limit=form.monthly_limit.amount,
+        )
+    except InvalidKeyLimits as error:
+        form.permitted_models.errors.append(str(error))
+        return _keys_page(form, 400)
+    key = accounts.find_account_key(current_user.account_id, issued.id)
+    page = render_template("dashboard/key_value.html", key=key, value=issued.value, rotated=False)
+    return page, 201
+
+
+def _owned_key_or_404(key_id: int) -> ApiKey:
+    key = accounts.find_account_key(current_user.account_id, key_id)
+    if key is None:
+        abort(404)
+    return key
+
+
+@bp.get("/keys/<int:key_id>/rotate")
+@login_required
+def confirm_rotate(key_id: int) -> str:
+    """Ask before rotating: the old value stops working at once."""
+    return render_template("dashboard/confirm.html", key=_owned_key_or_404(key_id), action="Rotate")
+
+
+@bp.post("/keys/<int:key_id>/rotate")
+@login_required
+def rotate_key(key_id: int) -> str:
+    """Give the key a new value, shown this once; the old one fails at once."""
+    key = _owned_key_or_404(key_id)
+    issued = keys.rotate_key(key.id)
+    return render_template("dashboard/key_value.html", key=key, value=issued.value, rotated=True)
+
+
+@bp.post("/keys/<int:key_id>/revoke")
+@login_required
+def revoke_key(key_id: int) -> BaseResponse:
+    """Revoke the key: kept and listed, but refused."""
+    key = _owned_key_or_404(key_id)
+    keys.revoke_key(key.id)
+    flash(f"Revoked the key {key.name}.", "success")
+    return redirect(url_for(".list_keys"))
+
+
+@bp.route("/keys/<int:key_id>/edit", methods=["GET", "POST"])
+@login_required
+def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
+    """Change the models a key may use and its monthly spend limit."""
+    key = _owned_key_or_404(key_id)
+    form = KeyLimitsForm(data=_limits_data(key) if request.method == "GET" else None)
+    form.permitted_models.choices = _model_choices()
+    if form.validate_on_submit():
+        try:
+            keys.update_key_limits(
+                key.id,
+                permitted_models=form.permitted_models.models,
+                monthly_limit=form.monthly_limit.amount,
+            )
+        except InvalidKeyLimits as error:
+            form.permitted_models.errors.append(str(error))
+        else:
+            flash(f"Saved the limits of the key {key.name}.", "success")
+            return redirect(url_for(".list_keys"))
+    status = 400 if form.errors else 200
+    return render_template("dashboard/key_edit.html", key=key, form=form), status
+
+
+def _limits_data(key: ApiKey) -> dict[str, object]:
+    limit = key.monthly_limit
+    return {
+        "permitted_models": key.permitted_models or [],
+        "monthly_limit": "" if limit is None else f"{limit.normalize():f}",
+    }
+
+
+@bp.get("/keys/<int:key_id>/delete")
+@login_required
+def confirm_delete(key_id: int) -> str:
+    """Ask before deleting: it cannot be undone."""
+    return render_template("dashboard/confirm.html", key=_owned_key_or_404(key_id), action="Delete")
+
+
+@bp.post("/keys/<int:key_id>/delete")
+@login_required
+def delete_key(key_id: int) -> BaseResponse:
+    """Delete the key for good."""
+    key = _owned_key_or_404(key_id)
+    name = key.name
+    keys.delete_key(key.id)
+    flash(f"Deleted the key {name}.", "success")
+    return redirect(url_for(".list_keys"))
+
+
+@bp.get("/balance")
+@login_required
+def balance() -> str:
+    """Show the balance, the credit held by running requests, and the ledger."""
+    account = accounts.find_account(current_user.account_id)
+    page = accounts.ledger_page(account.id, request.args.get("page", 1, type=int))
+    return render_template("dashboard/balance.html", account=account, page=page)
+
+
+def _usage_filter() -> usage.UsageFilter:
+    def day(name: str) -> date | None:
+        try:
+            return date.fromisoformat(request.args.get(name, ""))
+        except ValueError:
+            return None
+
+    return usage.UsageFilter(
+        key_id=request.args.get("key", type=int),
+        model=request.args.get("model") or None,
+        since=day("from"),
+        until=day("to"),
+    )
+
+
+@bp.get("/usage")
+@login_required
+def usage_page() -> str:
+    """Show daily spend per model, totals per model and key, and the generations."""
+    account_id, chosen, today = current_user.account_id, _usage_filter(), utcnow().date()
+    spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today)
+    return render_template(
+        "dashboard/usage.html",
+        chart=spend_chart(spend, days=CHART_DAYS, today=today),
+        chosen=chosen,
+        by_model=usage.totals_by_model(account_id, chosen),
+        by_key=usage.totals_by_key(account_id, chosen),
+        page=usage.generations_page(account_id, chosen, request.args.get("page", 1, type=int)),
+        keys=accounts.account_key_rows(account_id, utcnow()),
+        models=sorted(set(usage.account_models(account_id)) | {m for m, _ in _model_choices()}),
+        filter_args={k: v for k, v in request.args.items() if k != "page" and v},
+    )
+
+
+def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    for generation, key_name in usage.iter_generations(account_id, chosen):
+        writer.writerow(_csv_row(generation, key_name))
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _csv_text(value: str) -> str:
+    # A cell starting like a formula would run as one in a spreadsheet; a quote keeps it text.
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+def _csv_row(generation: Generation, key_name: str | None) -> list[object]:
+    return [
+        generation.created_at.isoformat(), generation.id, _csv_text(generation.model),
+        _csv_text(key_name or ""), generation.prompt_tokens, generation.cached_tokens,
+        generation.completion_tokens, generation.reasoning_tokens, f"{generation.cost:f}",
+        generation.latency_ms, generation.status, str(generation.streamed).lower(),
+        str(generation.estimated).lower(),
+    ]  # fmt: skip
+
+
+@bp.get("/usage.csv")
+@login_required
+def usage_csv() -> Response:
+    """Export the filtered generations as CSV."""
+    body = stream_with_context(_csv_lines(current_user.account_id, _usage_filter()))
+    filename = f"usage-{utcnow().date().isoformat()}.csv"
+    return Response(
+        body,
+        mimetype="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+@bp.get("/quickstart")
+@login_required
+def quickstart() -> str:
+    """Show copy-paste examples with this service's address and the account's models."""
+    models = [model.id for model in current_catalog().list()]
+    base_url = request.host_url.rstrip("/") + "/v1"
+    return render_template("dashboard/quickstart.html", base_url=base_url, models=models)
+
+
+@bp.get("/admin/accounts")
+@login_required
+@admin_required
+def admin_accounts() -> str:
+    """List every account, each with a form to grant credits (operators only)."""
+    page = accounts.accounts_page(request.args.get("page", 1, type=int))
+    return render_template("dashboard/admin_accounts.html", page=page, new_form=_grant_form)
+
+
+def _grant_form() -> GrantForm:
+    form = GrantForm(formdata=None)
+    form.idempotency_key.data = secrets.token_hex(16)
+    return form
+
+
+@bp.post("/admin/accounts/<int:account_id>/grant")
+@login_required
+@admin_required
+def grant(account_id: int) -> BaseResponse | tuple[str, int]:
+    """Grant credits to an account, once however often the form is submitted."""
+    account = accounts.find_account(account_id) or abort(404)
+    form = GrantForm()
+    if not form.validate():
+        errors = "; ".join(e for field in form for e in field.errors)
+        return render_template("dashboard/error.html", title="Grant", message=errors), 400
+    try:
+        _, applied = grant_credits(
+            account_id=account.id,
+            amount=form.amount.amount,
+            idempotency_key=f"dashboard:{form.idempotency_key.data}",
+            description=form.note.data or None,
+            granted_by=current_user.email,
+        )
+    except IdempotencyConflict:
+        applied = False
+    state = "Granted" if applied else "Already granted"
+    flash(f"{state} ${form.amount.amount:f} to {account.email}.", "success")
+    return redirect(url_for(".admin_accounts"))

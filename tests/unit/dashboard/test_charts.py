@@ -1,0 +1,67 @@
+"""The usage chart's layout and how amounts are written."""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+import pytest
+from wtforms.validators import ValidationError
+
+from app.dashboard.charts import HEIGHT, spend_chart
+from app.dashboard.formatting import format_usd
+from app.dashboard.forms import parse_usd
+
+TODAY = date(2026, 11, 22)
+
+
+def test_bars_stack_per_day_and_scale_to_the_busiest_day():
+    spend = {
+        (TODAY, "a"): Decimal("0.3"),
+        (TODAY, "b"): Decimal("0.1"),
+        (date(2026, 11, 20), "a"): Decimal("0.2"),
+    }
+    chart = spend_chart(spend, days=30, today=TODAY)
+    assert [label for label, _ in chart.legend] == ["a", "b"]
+    assert chart.total == Decimal("0.6")
+    assert [t.text for t in chart.y_ticks] == ["$0.00", "$0.25", "$0.50"]
+    today_bars = [bar for bar in chart.bars if bar.title.startswith("2026-11-22")]
+    assert len(today_bars) == 2 and len(chart.bars) == 3
+    a, b = today_bars
+    assert a.y + a.height == pytest.approx(HEIGHT - 24) and b.y + b.height == pytest.approx(a.y)
+    assert a.height == pytest.approx(3 * b.height)
+    assert chart.x_ticks[-1].text == "Nov 22"
+
+
+def test_an_empty_month_draws_no_bars_but_an_axis():
+    chart = spend_chart({}, days=30, today=TODAY)
+    assert chart.bars == [] and chart.total == 0 and chart.y_ticks[-1].text == "$0.01"
+
+
+@pytest.mark.parametrize(
+    "amount, shown",
+    [
+        (Decimal("5"), "$5.00"),
+        (Decimal("4.5"), "$4.50"),
+        (Decimal("0.0001"), "$0.0001"),
+        (Decimal("0.0000064"), "$0.000006"),
+        (Decimal("-0.25"), "−$0.25"),
+        (Decimal("1234.5678"), "$1234.5678"),
+    ],
+)
+def test_amounts_show_up_to_six_decimals(amount, shown):
+    assert format_usd(amount) == shown
+
+
+@pytest.mark.parametrize("raw", ["-1", "abc", "NaN", "Infinity", "1e400", "0.00000000001"])
+def test_a_bad_amount_is_refused(raw):
+    with pytest.raises(ValidationError):
+        parse_usd(raw, allow_zero=True)
+
+
+def test_amounts_parse_exactly():
+    assert parse_usd(" $2.50 ", allow_zero=False) == Decimal("2.50")
+    assert parse_usd("", allow_zero=False) is None
+    assert parse_usd("0", allow_zero=True) == 0
+    with pytest.raises(ValidationError):
+        parse_usd("0", allow_zero=False)
