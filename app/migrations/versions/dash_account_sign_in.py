@@ -4,7 +4,7 @@ Passwords and invites live in tables of their own rather than columns of account
 the accounts table, which the hot path updates on every request, is left as it was.
 
 Revision ID: dash_account_sign_in
-Revises: credit_key_limits
+Revises: credit_charge_shortfall
 Create Date: 2026-11-22 16:00:00
 
 """
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "dash_account_sign_in"
-down_revision = "credit_key_limits"
+down_revision = "credit_charge_shortfall"
 branch_labels = None
 depends_on = None
 
