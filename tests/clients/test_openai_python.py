@@ -148,7 +148,9 @@ def test_parse_returns_a_pydantic_model_from_json_schema_output(client):
 
 def test_a_tool_round_trip(client):
     messages = [{"role": "user", "content": "Use get_weather for Paris"}]
-    first = client.chat.completions.create(model="dev-chat", messages=messages, tools=[WEATHER_TOOL])
+    first = client.chat.completions.create(
+        model="dev-chat", messages=messages, tools=[WEATHER_TOOL]
+    )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -159,7 +161,9 @@ def test_a_tool_round_trip(client):
         choice.message.model_dump(exclude_none=True, exclude={"reasoning", "reasoning_details"}),
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
     ]
-    answer = client.chat.completions.create(model="dev-chat", messages=messages, tools=[WEATHER_TOOL])
+    answer = client.chat.completions.create(
+        model="dev-chat", messages=messages, tools=[WEATHER_TOOL]
+    )
 
     assert answer.choices[0].finish_reason == "stop"
     assert answer.choices[0].message.content.startswith('Tool result received: {"temperature": 18}')
