@@ -44,6 +44,7 @@ EXCLUDED_CHECKS = [schemathesis.checks.positive_data_acceptance]
     max_examples=30,
     deadline=None,
     suppress_health_check=list(HealthCheck),
+    database=None,
 )
 def test_every_operation_answers_as_documented(case, openapi_server, funded_key):
     response = case.call_and_validate(
