@@ -7,9 +7,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export FLASK_APP := wsgi
 # Debian packages the test suite needs beyond Python; each is installed only if missing.
-DEBIAN_PACKAGES ?= chromium
+DEBIAN_PACKAGES ?= chromium curl nodejs
+NODE_CLIENTS := tests/clients/node
 
-.PHONY: run test lint system
+.PHONY: run test lint system node-clients
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +28,12 @@ system:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
+# openai-node, pinned by its package-lock.json, for tests/clients/test_openai_node.py.
+# Debian's nodejs comes without npm (NodeSource's has it): add Debian's only if missing.
+node-clients: system
+	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm
+	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
+
 run: $(VENV)/.runtime
 	$(BIN)/flask db upgrade
 	$(BIN)/flask demo setup
@@ -35,5 +42,5 @@ run: $(VENV)/.runtime
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 
-test: lint system
+test: lint system node-clients
 	$(BIN)/pytest

@@ -55,7 +55,7 @@ def register_extensions(app: Flask) -> None:
 
 def register_blueprints(app: Flask) -> None:
     """Mount the API under /v1, the probes and the dashboard at the root."""
-    from app import health
+    from app import health, openapi
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
@@ -63,6 +63,8 @@ def register_blueprints(app: Flask) -> None:
 
     app.register_blueprint(health.bp)
     limiter.exempt(health.bp)
+    app.register_blueprint(openapi.bp, url_prefix="/v1")
+    limiter.exempt(openapi.bp)
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
     app.register_blueprint(credit_views.bp, url_prefix="/v1")

@@ -67,22 +67,28 @@ DEMO_CREDITS = Decimal("10")
 
 
 class UsdAmount(click.ParamType):
-    """A positive USD amount, parsed exactly."""
+    """A positive USD amount (or zero, where zero means nothing to add), parsed exactly."""
 
     name = "usd"
 
+    def __init__(self, *, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
     def convert(self, value: object, param: object, ctx: object) -> Decimal:
-        """Parse ``value`` as a Decimal amount > 0."""
+        """Parse ``value`` as a Decimal amount > 0 (>= 0 when zero is allowed)."""
         try:
             amount = Decimal(str(value))
         except InvalidOperation:
             self.fail(f"{value!r} is not an amount in USD")
-        if not amount.is_finite() or amount <= 0:
-            self.fail(f"{value!r} must be a positive amount in USD")
+        if not amount.is_finite() or amount < 0 or (amount == 0 and not self.allow_zero):
+            qualifier = "zero or a positive amount" if self.allow_zero else "a positive amount"
+            self.fail(f"{value!r} must be {qualifier} in USD")
         return amount
 
 
 USD = UsdAmount()
+# An account created without --credits starts at 0, so --credits 0 says the same thing.
+INITIAL_USD = UsdAmount(allow_zero=True)
 
 
 class UsdLimit(click.ParamType):
@@ -127,7 +133,7 @@ def operator_errors() -> Iterator[None]:
 
 @accounts_cli.command("create")
 @click.argument("email")
-@click.option("--credits", "amount", type=USD, help="Initial credits in USD.")
+@click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
 @click.option("--admin", is_flag=True, help="Make the account an administrator.")
 def create_account_command(email: str, amount: Decimal | None, admin: bool) -> None:
     """Create an account, optionally with credits."""

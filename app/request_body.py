@@ -19,15 +19,21 @@ class UnsupportedMediaType(APIError):
     default_message = "The request body must be JSON, sent with 'Content-Type: application/json'."
 
 
+# curl -d sends this type unless told otherwise; a body that parses as JSON is taken as JSON.
+FORM_MIMETYPE = "application/x-www-form-urlencoded"
+
+
 def json_body(request: Request) -> Any:
     """Return the decoded body of ``request``.
 
-    A missing Content-Type is read as JSON, as the OpenAI API does; any other non-JSON
-    type is refused.
+    A missing Content-Type is read as JSON, as the OpenAI API does, and so is curl's
+    default form type when the body parses as JSON; any other non-JSON type is refused.
 
     :raise UnsupportedMediaType: the body is declared as something other than JSON.
     :raise InvalidRequest: the body is not valid JSON.
     """
+    if request.mimetype == FORM_MIMETYPE:
+        return _form_typed_json(request)
     if request.mimetype and not request.is_json:
         raise UnsupportedMediaType()
     try:
@@ -37,3 +43,10 @@ def json_body(request: Request) -> Any:
             "We could not parse the JSON body of your request. Send a valid JSON object.",
             code="invalid_json",
         ) from None
+
+
+def _form_typed_json(request: Request) -> Any:
+    try:
+        return loads(request.get_data(cache=False))
+    except ValueError:
+        raise UnsupportedMediaType() from None

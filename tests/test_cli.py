@@ -66,6 +66,19 @@ def test_wrong_input_gets_one_line_and_a_nonzero_exit(runner):
         assert line.startswith("Error: "), line
 
 
+def test_account_created_with_zero_credits_is_an_empty_account(runner):
+    address = email()
+    created = runner.invoke(args=["accounts", "create", address, "--credits", "0"])
+    assert created.exit_code == 0, created.output
+    assert "balance=$0" in created.output
+    granted = runner.invoke(args=["credits", "grant", address, "0"])
+    assert granted.exit_code == 1
+    assert "must be a positive amount" in granted.stderr
+    negative = runner.invoke(args=["accounts", "create", email(), "--credits", "-1"])
+    assert negative.exit_code == 1
+    assert "must be zero or a positive amount" in negative.stderr
+
+
 def test_idempotency_key_reused_for_another_amount_is_refused(runner):
     address = email()
     runner.invoke(args=["accounts", "create", address])

@@ -44,3 +44,17 @@ class CapabilityMissing(APIError):
     status = 400
     type = "invalid_request_error"
     code = "unsupported_parameter"
+
+
+class ModelNotFound(APIError):
+    """GET /v1/models/{id} names a model that is not served, or not to this caller (404)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(
+            f"The model '{model_id}' does not exist or you do not have access to it.",
+            param="model",
+        )

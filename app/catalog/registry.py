@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -12,9 +12,10 @@ from typing import Any
 from flask import Flask, current_app
 
 from app.catalog.errors import CatalogError, ModelNotPermitted, UnknownModel
+from app.completions.schemas import REASONING_EFFORTS
 from app.credits.pricing import Pricing
 from app.providers import ADAPTERS
-from app.providers.base import Adapter, RouteTarget, UpstreamConfig
+from app.providers.base import Adapter, ChatRequest, RouteTarget, UpstreamConfig
 from app.providers.tokens import encoding_names
 
 CAPABILITIES = frozenset({"tools", "json_schema", "reasoning", "vision"})
@@ -46,6 +47,14 @@ class Model:
     pricing: Pricing
     routes: tuple[Route, ...]
     created: int = DEFAULT_CREATED
+    default_reasoning_effort: str | None = None
+
+    def with_defaults(self, request: ChatRequest) -> ChatRequest:
+        """Return ``request`` with the model's defaults for the fields the caller left out."""
+        if self.default_reasoning_effort is None or "reasoning_effort" in request.params:
+            return request
+        params = {**request.params, "reasoning_effort": self.default_reasoning_effort}
+        return replace(request, params=params)
 
     def to_dict(self) -> dict[str, Any]:
         """Render as an entry of GET /v1/models."""
@@ -176,6 +185,7 @@ def _build_model(
         capabilities=capabilities,
         pricing=pricing,
         routes=routes,
+        default_reasoning_effort=_reasoning_effort(entry, where),
     )
 
 
@@ -216,6 +226,15 @@ def _build_pricing(pricing: Any, where: str) -> Pricing:
             raise CatalogError(f"{where}: pricing.{kind} must be a non-negative number")
         prices[kind] = Decimal(raw)
     return Pricing(**prices)
+
+
+def _reasoning_effort(entry: Mapping[str, Any], where: str) -> str | None:
+    effort = entry.get("default_reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise CatalogError(
+            f"{where}: default_reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}"
+        )
+    return effort
 
 
 def _positive_int(entry: Mapping[str, Any], key: str, where: str, *, default: int) -> int:

@@ -31,7 +31,7 @@ from app.credits.ledger import (
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
 from app.credits.sweeper import live_holds
 from app.database import BoundStatement, utcnow
-from app.providers.base import ChatRequest, Chunk, Completion, Usage
+from app.providers.base import ChatRequest, Chunk, Completion, Usage, fingerprint_of
 from app.providers.router import complete_on_routes, stream_on_routes
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
@@ -228,7 +228,7 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
                 meter.usage = chunk.usage
             if chunk.choices:
                 meter.observe(chunk)
-                yield chunk_body(generation, chunk.choices, chunk.system_fingerprint)
+                yield chunk_body(generation, chunk.choices, meter.system_fingerprint)
         meter.complete = True
         status = COMPLETED
         usage = meter.final_usage()
@@ -236,7 +236,7 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
             generation, usage=usage, status=status, finish_reason=meter.finish_reason
         )
         if generation.request.include_usage:
-            yield usage_chunk_body(generation, usage, cost)
+            yield usage_chunk_body(generation, usage, cost, meter.system_fingerprint)
     except GeneratorExit:
         # The server closes the generator when the caller has gone away.
         status = CANCELLED
@@ -262,10 +262,12 @@ class StreamMeter:
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason: str | None = None
+        self.system_fingerprint = fingerprint_of(generation.model.id)
         self._pieces: list[str] = []
 
     def observe(self, chunk: Chunk) -> None:
-        """Remember the generated text and the finish reason of a delivered chunk."""
+        """Remember the generated text, finish reason and fingerprint of a delivered chunk."""
+        self.system_fingerprint = chunk.system_fingerprint or self.system_fingerprint
         for choice in chunk.choices:
             delta = choice.get("delta") or {}
             for key in ("content", "reasoning"):
@@ -392,12 +394,12 @@ def completion_body(
         "model": generation.model.id,
         "choices": completion.choices,
         "usage": usage_body(completion.usage, cost),
-        "system_fingerprint": completion.system_fingerprint,
+        "system_fingerprint": completion.system_fingerprint or fingerprint_of(generation.model.id),
     }
 
 
 def chunk_body(
-    generation: Generation, choices: list[dict[str, Any]], system_fingerprint: str | None = None
+    generation: Generation, choices: list[dict[str, Any]], system_fingerprint: str
 ) -> dict[str, Any]:
     """Build a ChatCompletionChunk carrying ``choices``."""
     return {
@@ -410,8 +412,10 @@ def chunk_body(
     }
 
 
-def usage_chunk_body(generation: Generation, usage: Usage, cost: Decimal) -> dict[str, Any]:
+def usage_chunk_body(
+    generation: Generation, usage: Usage, cost: Decimal, system_fingerprint: str
+) -> dict[str, Any]:
     """Build the final chunk of a stream whose caller asked for usage."""
-    body = chunk_body(generation, [])
+    body = chunk_body(generation, [], system_fingerprint)
     body["usage"] = usage_body(usage, cost)
     return body

@@ -23,6 +23,7 @@ def create_chat_completion() -> Response:
     """Generate a chat completion, whole or streamed, paid from the caller's credits."""
     chat_request = parse_chat_request(json_body(request))
     model = current_catalog().resolve(chat_request.model, may_use=g.caller.may_use)
+    chat_request = model.with_defaults(chat_request)
     generation = start_generation(
         caller=g.caller,
         model=model,

@@ -17,7 +17,15 @@ from typing import Any
 import requests
 
 from app.encoding import dumps, loads
-from app.providers.base import ChatRequest, Chunk, Completion, RouteTarget, UpstreamConfig, Usage
+from app.providers.base import (
+    ChatRequest,
+    Chunk,
+    Completion,
+    RouteTarget,
+    UpstreamConfig,
+    Usage,
+    fingerprint_of,
+)
 from app.providers.errors import (
     UpstreamError,
     UpstreamMisconfigured,
@@ -450,15 +458,21 @@ class AnthropicAdapter(HttpUpstreamAdapter):
             "finish_reason": FINISH_REASONS.get(body.get("stop_reason"), "stop"),
             "logprobs": None,
         }
-        return Completion(choices=[choice], usage=usage_from(raw_usage, reasoning))
+        return Completion(
+            choices=[choice],
+            usage=usage_from(raw_usage, reasoning),
+            system_fingerprint=self.fingerprint(target),
+        )
 
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the translated events as they arrive, then the usage."""
         response = self.call(request, target)
         translation = StreamTranslation()
+        fingerprint = self.fingerprint(target)
         try:
             for event in read_events(received_chunks(response)):
                 if chunk := translation.chunk_for(event):
+                    chunk.system_fingerprint = fingerprint
                     yield chunk
                 if translation.finished:
                     break
@@ -470,4 +484,9 @@ class AnthropicAdapter(HttpUpstreamAdapter):
         reasoning = reported_reasoning_tokens(translation.usage)
         if reasoning is None:
             reasoning = self.count_text_tokens("".join(translation.thinking), target)
-        yield Chunk(choices=[], usage=usage_from(translation.usage, reasoning))
+        usage = usage_from(translation.usage, reasoning)
+        yield Chunk(choices=[], usage=usage, system_fingerprint=fingerprint)
+
+    def fingerprint(self, target: RouteTarget) -> str:
+        """Return the system_fingerprint of this model's answers: Anthropic sends none."""
+        return fingerprint_of(self.kind, self.upstream.name, target.upstream_model)

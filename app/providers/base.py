@@ -8,6 +8,7 @@ adapters translate into that shape once. Only the parts the gateway itself reaso
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -80,6 +81,11 @@ class Usage:
                 "image_tokens": self.completion_image_tokens,
             },
         }
+
+
+def fingerprint_of(*parts: str) -> str:
+    """Return a stable ``system_fingerprint`` naming the backend that ``parts`` identify."""
+    return "fp_" + hashlib.sha256("/".join(parts).encode()).hexdigest()[:12]
 
 
 @dataclass

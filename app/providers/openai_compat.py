@@ -19,7 +19,15 @@ from typing import Any
 import requests
 
 from app.encoding import loads
-from app.providers.base import ChatRequest, Chunk, Completion, RouteTarget, UpstreamConfig, Usage
+from app.providers.base import (
+    ChatRequest,
+    Chunk,
+    Completion,
+    RouteTarget,
+    UpstreamConfig,
+    Usage,
+    fingerprint_of,
+)
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import ServerSentEvent, read_events
 from app.providers.transport import (
@@ -162,21 +170,26 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
             usage = usage_from(raw_usage)
         else:
             usage = self.estimate_usage(request, target, choices)
-        return Completion(
-            choices=choices, usage=usage, system_fingerprint=body.get("system_fingerprint")
-        )
+        fingerprint = body.get("system_fingerprint")
+        if not isinstance(fingerprint, str):
+            fingerprint = self.fingerprint(target)
+        return Completion(choices=choices, usage=usage, system_fingerprint=fingerprint)
 
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the upstream's chunks as they arrive, then its usage if it sent one."""
         response = self.call(request, target)
         complete = False
         try:
-            yield from relay_stream(response)
+            yield from relay_stream(response, self.fingerprint(target))
             complete = True
         finally:
             # Also when the caller went away: closing drops the connection, which stops
             # the upstream generating (and charging for) tokens nobody will read.
             release_response(response, complete=complete)
+
+    def fingerprint(self, target: RouteTarget) -> str:
+        """Return the system_fingerprint for answers whose upstream sent none (vLLM, llama.cpp)."""
+        return fingerprint_of(self.kind, self.upstream.name, target.upstream_model)
 
     def call(self, request: ChatRequest, target: RouteTarget) -> requests.Response:
         """Send the request; return the upstream's successful response."""
@@ -205,12 +218,13 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         )
 
 
-def relay_stream(response: requests.Response) -> Iterator[Chunk]:
+def relay_stream(response: requests.Response, fingerprint: str) -> Iterator[Chunk]:
     """Turn an OpenAI-compatible event stream into chunks, usage last.
 
     Usage may come on a chunk of its own (OpenAI, vLLM) or on the last chunk with choices;
     either way it is yielded after every choice. A stream that ends without ``[DONE]``
-    is complete only if it finished its choices.
+    is complete only if it finished its choices. Chunks carry the upstream's
+    system_fingerprint, or ``fingerprint`` when it sends none.
     """
     usage: Usage | None = None
     finished = False
@@ -224,8 +238,10 @@ def relay_stream(response: requests.Response) -> Iterator[Chunk]:
         if raw_choices := payload.get("choices"):
             choices = [delta_choice_from(choice) for choice in raw_choices]
             finished = finished or any(choice["finish_reason"] for choice in choices)
-            yield Chunk(choices=choices, system_fingerprint=payload.get("system_fingerprint"))
+            if isinstance(payload.get("system_fingerprint"), str):
+                fingerprint = payload["system_fingerprint"]
+            yield Chunk(choices=choices, system_fingerprint=fingerprint)
     if not finished:
         raise UpstreamError("The model's upstream ended the answer early.")
     if usage is not None:
-        yield Chunk(choices=[], usage=usage)
+        yield Chunk(choices=[], usage=usage, system_fingerprint=fingerprint)

@@ -394,6 +394,29 @@ def test_claude_streams_reasoning_then_text_with_cache_reads(
     assert generation.cached_tokens == 2048
 
 
+def test_claude_answers_and_chunks_carry_a_string_system_fingerprint(gateway, funded, scripted):
+    scripted.script("/claude", Reply("anthropic_message"), Reply("anthropic_stream_text"))
+
+    answer = post(gateway, funded.key, {"model": "claude-sonnet", "messages": HELLO})
+    stream = post(
+        gateway,
+        funded.key,
+        {
+            "model": "claude-sonnet",
+            "messages": HELLO,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        stream=True,
+    )
+
+    fingerprint = answer.json()["system_fingerprint"]
+    assert isinstance(fingerprint, str) and fingerprint.startswith("fp_")
+    chunks = [event for event in sse_events(stream) if event != "[DONE]"]
+    assert chunks[-1]["usage"]["cost"]["total_cost"] > 0
+    assert {chunk["system_fingerprint"] for chunk in chunks} == {fingerprint}
+
+
 def test_claude_thinking_stream(client, scripted):
     scripted.script("/claude", Reply("anthropic_stream_thinking"))
 

@@ -140,3 +140,30 @@ def test_http_upstreams_take_their_options_and_the_model_its_upstream_name():
 def test_invalid_upstream_options_name_the_entry_and_the_key(document, problem):
     with pytest.raises(CatalogError, match=problem):
         build_catalog(document, "cat.toml")
+
+
+def test_default_reasoning_effort_applies_only_when_the_caller_sends_none():
+    from app.providers.base import ChatRequest
+
+    catalog = build_catalog({"models": [model(default_reasoning_effort="none"), model(id="n")]})
+    quiet, plain = catalog.resolve("m"), catalog.resolve("n")
+    unset = ChatRequest(model="m", messages=[], params={"max_tokens": 5})
+    chosen = ChatRequest(model="m", messages=[], params={"reasoning_effort": "high"})
+
+    assert quiet.with_defaults(unset).params == {"max_tokens": 5, "reasoning_effort": "none"}
+    assert unset.params == {"max_tokens": 5}
+    assert quiet.with_defaults(chosen) is chosen
+    assert plain.with_defaults(unset) is unset
+
+
+def test_default_reasoning_effort_must_be_an_effort():
+    with pytest.raises(CatalogError, match=r"models\[0\] \(m\): default_reasoning_effort must"):
+        build_catalog({"models": [model(default_reasoning_effort="max")]}, "cat.toml")
+
+
+def test_the_built_in_models_do_not_reason_unless_asked():
+    root = Path(__file__).resolve().parents[3]
+    for path in ("config/models.toml", "tests/fixtures/models.toml"):
+        catalog = load_catalog(root / path)
+        for model_id in ("dev-chat", "dev-chat-mini"):
+            assert catalog.resolve(model_id).default_reasoning_effort == "none", (path, model_id)

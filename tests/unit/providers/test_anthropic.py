@@ -438,3 +438,15 @@ def test_prompt_estimates_run_above_cl100k_counts(adapter):
     request = chat([{"role": "user", "content": "Explain the theory of relativity. " * 50}])
 
     assert adapter.count_prompt_tokens(request, TARGET) > 50 * 7
+
+
+def test_answers_and_every_chunk_carry_a_string_system_fingerprint(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_message"), Reply("anthropic_stream_text"))
+
+    completion = adapter.complete(chat(), TARGET)
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    fingerprint = completion.system_fingerprint
+    assert isinstance(fingerprint, str) and fingerprint.startswith("fp_")
+    assert {chunk.system_fingerprint for chunk in chunks} == {fingerprint}
+    assert MODEL not in fingerprint and "claude" not in fingerprint

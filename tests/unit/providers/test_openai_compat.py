@@ -386,3 +386,24 @@ def test_cookies_an_upstream_sets_are_not_sent_back(adapter, replay_server):
 
     assert "set-cookie: srv_id=" in load_transcript("vllm_chat_reasoning")[0].decode()
     assert all("cookie" not in exchange.headers for exchange in replay_server.exchanges)
+
+
+def test_the_upstreams_system_fingerprint_is_kept(adapter, replay_server):
+    replay_server.script("/third", Reply("openai_chat"), Reply("openai_chat_stream"))
+
+    completion = adapter.complete(chat(), TARGET)
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    assert completion.system_fingerprint == "fp_560af6e559"
+    assert {chunk.system_fingerprint for chunk in chunks} == {"fp_560af6e559"}
+
+
+def test_an_upstream_without_a_system_fingerprint_gets_one_of_the_gateway(adapter, replay_server):
+    replay_server.script("/third", Reply("sse_starlette_chat_stream_no_usage"))
+
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    fingerprints = {chunk.system_fingerprint for chunk in chunks}
+    assert len(fingerprints) == 1
+    (fingerprint,) = fingerprints
+    assert isinstance(fingerprint, str) and fingerprint.startswith("fp_")

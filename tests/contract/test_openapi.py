@@ -1,0 +1,106 @@
+"""The OpenAPI document, served by the running service and held to by it.
+
+Schemathesis generates requests for every operation of the document (the one the service
+serves at /v1/openapi.json) (valid and invalid bodies, odd path values) and sends them, with a
+funded key, to a real gunicorn: no answer may be a 5xx, every answer must match the
+document (status, content type, body schema, headers), and every error is the envelope.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from tests.conftest import running_server
+
+DOCUMENT = Path(__file__).resolve().parents[2] / "app" / "openapi.json"
+ERROR_STATUSES = {"400", "401", "402", "403", "404", "413", "415", "429", "500", "502", "503"}
+
+
+@pytest.fixture(scope="session")
+def openapi_server(app, database_url, tmp_path_factory):
+    """A server without rate limits, so generated requests all reach the views."""
+    folder = tmp_path_factory.mktemp("openapi")
+    with running_server(database_url, folder, RATE_LIMIT="off") as server:
+        yield server
+
+
+# The tracked document, which the service serves byte for byte (tested below); loaded
+# from the file because schemathesis's lazy, fixture-made schemas fail under pytest 9.
+schema = schemathesis.openapi.from_path(DOCUMENT)
+# A body can match the schema and still be refused with 400: the model must be in the
+# live catalog, and fields depend on each other (tool_choice needs tools, a tool message
+# its tool_call_id), which no schema of the body can say.
+EXCLUDED_CHECKS = [schemathesis.checks.positive_data_acceptance]
+
+
+@schema.parametrize()
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+def test_every_operation_answers_as_documented(case, openapi_server, funded_key):
+    response = case.call_and_validate(
+        base_url=openapi_server.url,
+        headers={"Authorization": f"Bearer {funded_key.key}"},
+        excluded_checks=EXCLUDED_CHECKS,
+        timeout=30,
+    )
+
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        body = response.json()
+        assert set(body) == {"error"}
+        assert set(body["error"]) == {"message", "type", "code", "param"}
+
+
+def test_the_document_is_served_without_a_key_as_tracked(live_server):
+    response = requests.get(f"{live_server.url}/v1/openapi.json", timeout=30)
+
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert response.json() == json.loads(DOCUMENT.read_text())
+
+
+def test_the_document_covers_the_public_api():
+    document = json.loads(DOCUMENT.read_text())
+
+    assert document["openapi"].startswith("3.1") and document["info"]["version"] == "1.0.0"
+    assert {
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/models/{model}",
+        "/v1/credits",
+        "/v1/openapi.json",
+        "/healthz",
+        "/readyz",
+    } <= set(document["paths"])
+    chat = document["paths"]["/v1/chat/completions"]["post"]
+    assert chat["operationId"] == "createChatCompletion"
+    assert {"application/json", "text/event-stream"} == set(chat["responses"]["200"]["content"])
+    assert ERROR_STATUSES - {"404"} <= set(chat["responses"])
+    documented = {
+        status
+        for operations in document["paths"].values()
+        for operation in operations.values()
+        for status in operation["responses"]
+    }
+    assert ERROR_STATUSES <= documented
+    envelope = {"$ref": "#/components/schemas/Error"}
+    for name, response in document["components"]["responses"].items():
+        assert response["content"]["application/json"]["schema"] == envelope, name
+    schemas = document["components"]["schemas"]
+    assert schemas["Usage"]["properties"]["cost"] == {"$ref": "#/components/schemas/Cost"}
+    assert "total_cost" in schemas["Cost"]["required"]
+    error = schemas["Error"]["properties"]["error"]
+    assert error["required"] == ["message", "type", "code", "param"]
+    response = schemas["ChatCompletionResponse"]
+    assert response["properties"]["system_fingerprint"] == {"type": "string"}
+    assert "system_fingerprint" in response["required"]
