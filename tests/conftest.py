@@ -182,6 +182,8 @@ def _wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> 
         try:
             if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
+            # The port accepts as soon as the master listens; a worker still booting on a
+            # busy machine answers late.
             time.sleep(0.1)
     raise RuntimeError("gunicorn did not answer /healthz in time")
