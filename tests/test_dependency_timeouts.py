@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 
 from app import create_app
 from config.settings import database_engine_options
+from tests.conftest import ROOT
 
 TEST_CATALOG_OVERRIDES = {"MODEL_CATALOG": "tests/fixtures/models.toml"}
 
@@ -55,3 +58,37 @@ def test_readyz_answers_503_when_postgresql_never_answers(tmp_path):
     assert answers, "readyz was still waiting for the database"
     assert answers[0].status_code == 503
     assert answers[0].json["error"]["code"] == "database_unavailable"
+
+
+GREEN_CONNECT = """
+from gevent import monkey; monkey.patch_all()
+import socket, gevent, psycopg2
+from psycopg2.extensions import set_wait_callback
+from app.database import wait_cooperatively
+
+set_wait_callback(wait_cooperatively)
+silent = socket.socket()
+silent.bind(("127.0.0.1", 0))
+silent.listen(8)
+try:
+    with gevent.Timeout(30):
+        psycopg2.connect(
+            host="127.0.0.1", port=silent.getsockname()[1], user="postgres", connect_timeout=1
+        )
+except BaseException as error:
+    print(type(error).__name__)
+"""
+
+
+def test_a_gevent_worker_honours_the_connect_timeout():
+    # The workers' wait callback makes psycopg2 connect asynchronously, where libpq
+    # itself no longer enforces connect_timeout: a gevent.Timeout here means nobody did.
+    done = subprocess.run(
+        [sys.executable, "-c", GREEN_CONNECT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == "OperationalError", done.stderr
