@@ -179,34 +179,24 @@ def assert_answer_is_sound(status: int, content_type: str, payload: bytes) -> No
 
 
 @pytest.fixture
-def unthrottled(app, monkeypatch):
-    """Lift the per-key limit, so that the fuzz exercises the body and not the 429."""
+def fuzz_key(app, make_funded_key, monkeypatch) -> str:
+    """A well-funded key shared by a test's examples, its per-key limit lifted in-process.
+
+    Hypothesis runs every example inside one test call, so this is made once per test.
+    """
     monkeypatch.setitem(app.config, "RATE_LIMIT", "1000000 per minute")
+    return make_funded_key(Decimal("1000000")).key
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(body=mutated_body())
-def test_any_body_gets_an_answer_or_an_error_in_the_envelope(
-    client, make_funded_key, unthrottled, body
-):
-    key = fuzz_key(make_funded_key)
+def test_any_body_gets_an_answer_or_an_error_in_the_envelope(client, fuzz_key, body):
     response = client.post(
         "/v1/chat/completions",
         data=encode(body),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
     )
     assert_answer_is_sound(response.status_code, response.content_type, response.get_data())
-
-
-_KEYS: dict[int, str] = {}
-
-
-def fuzz_key(make_funded_key) -> str:
-    """One well-funded key per test process, shared by the examples."""
-    if id(make_funded_key) not in _KEYS:
-        _KEYS.clear()
-        _KEYS[id(make_funded_key)] = make_funded_key(Decimal("1000000")).key
-    return _KEYS[id(make_funded_key)]
 
 
 @settings(
@@ -215,13 +205,12 @@ def fuzz_key(make_funded_key) -> str:
 )
 @given(body=mutated_body())
 def test_any_body_over_gunicorn_gets_an_answer_or_an_error_in_the_envelope(
-    live_server, make_funded_key, body
+    live_server, fuzz_key, body
 ):
-    key = fuzz_key(make_funded_key)
     response = requests.post(
         f"{live_server.url}/v1/chat/completions",
         data=encode(body),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
         timeout=60,
     )
     assert_answer_is_sound(
