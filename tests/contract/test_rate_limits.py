@@ -195,3 +195,47 @@ def test_a_redis_that_stops_and_comes_back(database_url, tmp_path, make_funded_k
     log = gunicorn_log(tmp_path)
     assert log.count("Rate limit storage unreachable") == 1
     assert "Rate limit storage recovered" in log
+
+
+# Commands a Redis client sends once per connection, not per request.
+CONNECTION_COMMANDS = ("cmdstat_client", "cmdstat_hello", "cmdstat_select", "cmdstat_ping")
+
+
+def commands_since_reset(port: int) -> dict[str, int]:
+    stats = {}
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_") and not line.startswith(CONNECTION_COMMANDS):
+            name, _, fields = line.partition(":")
+            stats[name] = int(fields.split(",")[0].removeprefix("calls="))
+    stats.pop("cmdstat_info", None)
+    return stats
+
+
+def test_the_limiter_costs_one_redis_round_trip_per_request(
+    database_url, tmp_path, make_funded_key
+):
+    funded = make_funded_key()
+    port = _free_port()
+    with private_redis(port):
+        with running_server(
+            database_url,
+            tmp_path,
+            RATE_LIMIT="3 per minute",
+            REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        ) as server:
+            redis_cli(port, "CONFIG", "RESETSTAT")
+            statuses = [get_models(server, funded.key).status_code for _ in range(5)]
+            statuses.append(get_models(server, generate_key()).status_code)
+            commands = commands_since_reset(port)
+
+    assert statuses == [200, 200, 200, 429, 429, 401]
+    # Commands the counting script runs inside Redis, and the reset above, are no round
+    # trips of a request.
+    for inside_the_script in ("cmdstat_incrby", "cmdstat_expire", "cmdstat_config|resetstat"):
+        commands.pop(inside_the_script, None)
+    assert set(commands) <= {"cmdstat_evalsha", "cmdstat_eval", "cmdstat_script|load"}, commands
+    # One script call per request; once per process, the first is refused as an unknown
+    # script, which is then loaded and called again.
+    reloads = commands.get("cmdstat_script|load", 0)
+    assert reloads <= 1
+    assert commands.get("cmdstat_evalsha", 0) + commands.get("cmdstat_eval", 0) == 6 + reloads
