@@ -16,7 +16,12 @@ from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
 from app.extensions import csrf, db, migrate
 from app.ratelimits import init_rate_limits, limiter
-from config.settings import config_class, instance_defaults, settings_from_environment
+from config.settings import (
+    config_class,
+    database_engine_options,
+    instance_defaults,
+    settings_from_environment,
+)
 
 MIGRATIONS_DIRECTORY = str(Path(__file__).parent / "migrations")
 
@@ -29,6 +34,7 @@ def create_app(config_name: str | None = None, overrides: Mapping[str, Any] | No
     app.config.update(settings_from_environment(os.environ))
     app.config.update(overrides or {})
     app.config.update(instance_defaults(app.config, app.instance_path))
+    app.config.update(database_engine_options(app.config))
     configure_logging(app)
     register_extensions(app)
     register_blueprints(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -78,3 +79,29 @@ def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
+
+
+def wait_cooperatively(connection: Any) -> None:
+    """Wait on a psycopg2 connection by yielding to gevent; the wait callback of a worker.
+
+    Once a wait callback is set, psycopg2 connects asynchronously and libpq leaves
+    ``connect_timeout`` to the caller, so it is enforced here: otherwise a database host
+    that never answers holds the request until the OS gives up, minutes later.
+    """
+    import psycopg2
+    from gevent.socket import wait_read, wait_write
+    from psycopg2 import extensions
+
+    deadline = None
+    if connection.status == extensions.STATUS_SETUP:
+        timeout = extensions.parse_dsn(connection.dsn).get("connect_timeout")
+        deadline = time.monotonic() + float(timeout) if timeout else None
+    expired = psycopg2.OperationalError("timeout expired while connecting to the database")
+    while (state := connection.poll()) != extensions.POLL_OK:
+        if state not in (extensions.POLL_READ, extensions.POLL_WRITE):
+            raise psycopg2.OperationalError(f"unexpected state from poll(): {state}")
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise expired
+        wait = wait_read if state == extensions.POLL_READ else wait_write
+        wait(connection.fileno(), timeout=remaining, timeout_exc=expired)

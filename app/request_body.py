@@ -1,4 +1,8 @@
-"""Decode a JSON request body, refusing other media types and malformed JSON in the envelope."""
+"""Decode a JSON request body, refusing other media types, malformed JSON and deep nesting.
+
+Nesting is bounded at parse time, once for every body, so that no code further on (the
+schema, the built-in model, the adapters) can recurse into a RecursionError.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from flask import Request
 
 from app.encoding import loads
 from app.errors import APIError, InvalidRequest
+
+MAX_NESTING_DEPTH = 64
 
 
 class UnsupportedMediaType(APIError):
@@ -33,9 +39,20 @@ def json_body(request: Request) -> Any:
     :raise InvalidRequest: the body is not valid JSON.
     """
     if request.mimetype == FORM_MIMETYPE:
-        return _form_typed_json(request)
-    if request.mimetype and not request.is_json:
+        body = _form_typed_json(request)
+    elif request.mimetype and not request.is_json:
         raise UnsupportedMediaType()
+    else:
+        body = _declared_json(request)
+    if nesting_depth_exceeds(body, MAX_NESTING_DEPTH):
+        raise InvalidRequest(
+            f"The JSON body is nested more than {MAX_NESTING_DEPTH} levels deep.",
+            code="invalid_json",
+        )
+    return body
+
+
+def _declared_json(request: Request) -> Any:
     try:
         return loads(request.get_data(cache=False))
     except ValueError:
@@ -43,6 +60,24 @@ def json_body(request: Request) -> Any:
             "We could not parse the JSON body of your request. Send a valid JSON object.",
             code="invalid_json",
         ) from None
+
+
+def nesting_depth_exceeds(value: Any, limit: int) -> bool:
+    """Tell whether arrays and objects in ``value`` nest more than ``limit`` levels deep.
+
+    It walks level by level, never recursing, and stops at the first level past ``limit``.
+    """
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _form_typed_json(request: Request) -> Any:

@@ -41,9 +41,11 @@ def on_starting(server):  # noqa: ANN001, ANN201
 
 def post_fork(server, worker):  # noqa: ANN001, ANN201
     """Make psycopg2 cooperative, so a slow query yields to other greenlets."""
-    from psycogreen.gevent import patch_psycopg
+    from psycopg2.extensions import set_wait_callback
 
-    patch_psycopg()
+    from app.database import wait_cooperatively
+
+    set_wait_callback(wait_cooperatively)
 
 
 def post_worker_init(worker):  # noqa: ANN001, ANN201

@@ -24,6 +24,11 @@ class Config:
     SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_pre_ping": True}
     SECRET_KEY: str | None = None
     REDIS_URL: str | None = None
+    # Redis only shares rate-limit counters: a Redis that does not answer within this is
+    # treated as down, and each worker counts in its own memory until it is back.
+    REDIS_TIMEOUT_SECONDS = 0.25
+    # An unreachable database host fails a connection attempt after this, not the OS's minutes.
+    DATABASE_CONNECT_TIMEOUT_SECONDS = 3
     # Requests per API key, in the limits library's notation; "off" disables the limit.
     RATE_LIMIT = "600 per minute"
     MODEL_CATALOG = str(PROJECT_ROOT / "config" / "models.toml")
@@ -83,6 +88,16 @@ def normalize_database_url(url: str) -> str:
         if url.startswith(bare):
             return "postgresql+psycopg2://" + url[len(bare) :]
     return url
+
+
+def database_engine_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the engine options for the configured database: a connect timeout on PostgreSQL."""
+    options = dict(config.get("SQLALCHEMY_ENGINE_OPTIONS") or {})
+    if str(config.get("SQLALCHEMY_DATABASE_URI") or "").startswith("postgresql"):
+        connect_args = dict(options.get("connect_args") or {})
+        connect_args.setdefault("connect_timeout", config["DATABASE_CONNECT_TIMEOUT_SECONDS"])
+        options["connect_args"] = connect_args
+    return {"SQLALCHEMY_ENGINE_OPTIONS": options}
 
 
 def _positive_int(value: str) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 from flask import g, request
 
 from app.auth.errors import InvalidKey, KeyRevoked
-from app.auth.keys import find_caller
+from app.auth.keys import Caller, find_caller
 from app.auth.models import ACTIVE
 
 
@@ -23,6 +23,17 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip() or None
 
 
+def request_caller() -> Caller | None:
+    """Return the caller of the request's bearer key, or None; looked up once per request.
+
+    The rate limiter counts by the caller's key before the view runs, and the view's
+    require_api_key then reuses the same lookup.
+    """
+    if "caller_lookup" not in g:
+        g.caller_lookup = find_caller(bearer_token(request.headers.get("Authorization")))
+    return g.caller_lookup
+
+
 def require_api_key(view: Callable[..., Any]) -> Callable[..., Any]:
     """Refuse the request with 401/403 unless it carries an active key.
 
@@ -32,7 +43,7 @@ def require_api_key(view: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(view)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        caller = find_caller(bearer_token(request.headers.get("Authorization")))
+        caller = request_caller()
         if caller is None:
             raise InvalidKey()
         if caller.state != ACTIVE:

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from flask import Response, g, request
+from flask import Response, current_app, g, request
 
 from app.completions.idempotency import (
     check_key,
@@ -30,7 +30,10 @@ def honour_idempotency_key(view: Callable[..., Response]) -> Callable[..., Respo
             return view(*args, **kwargs)
         body_digest = hashlib.sha256(request.get_data(cache=True)).hexdigest()
         claim = claim_key(
-            account_id=g.caller.account_id, key=check_key(key), body_digest=body_digest
+            account_id=g.caller.account_id,
+            key=check_key(key),
+            body_digest=body_digest,
+            claim_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         )
         if claim.replay is not None:
             return Response(

@@ -4,6 +4,10 @@ A key is claimed before the request runs. A whole (non-streamed) answer is store
 the claim and replayed to a retry with the same key and body for 24 hours; a failed
 request gives its claim back so that the retry runs anew. A streamed answer cannot be
 replayed: its key stays used, so a retry is refused rather than charged again.
+
+A claim left without an answer by a worker that died outlives it only as long as a credit
+hold does (``HOLD_TTL_SECONDS``): after that a retry takes the key over. Claims and
+answers past their 24 hours are pruned by the sweeper, a batch at a time.
 """
 
 from __future__ import annotations
@@ -67,8 +71,11 @@ def check_key(key: str) -> str:
     return key
 
 
-def claim_key(*, account_id: int, key: str, body_digest: str) -> Claim:
+def claim_key(*, account_id: int, key: str, body_digest: str, claim_ttl_seconds: int) -> Claim:
     """Claim ``key`` for a request, or return the first answer to replay.
+
+    A claim without an answer older than ``claim_ttl_seconds`` belonged to a request whose
+    worker died; it is taken over.
 
     :raise IdempotencyKeyReused: the key was used with another body.
     :raise IdempotencyKeyInUse: its request is still running, or was streamed.
@@ -87,18 +94,19 @@ def claim_key(*, account_id: int, key: str, body_digest: str) -> Claim:
         return Claim(id=claim.id)
     except IntegrityError:
         db.session.rollback()
-    return _existing_claim(account_id, key, body_digest)
+    return _existing_claim(account_id, key, body_digest, claim_ttl_seconds)
 
 
-def _existing_claim(account_id: int, key: str, body_digest: str) -> Claim:
+def _existing_claim(account_id: int, key: str, body_digest: str, claim_ttl_seconds: int) -> Claim:
     first = db.session.scalar(
         select(IdempotentRequest).where(
             IdempotentRequest.account_id == account_id, IdempotentRequest.key == key
         )
     )
     db.session.commit()
+    retry = {"account_id": account_id, "key": key, "body_digest": body_digest}
     if first is None:  # released between our insert and this read: the retry may go on
-        return claim_key(account_id=account_id, key=key, body_digest=body_digest)
+        return claim_key(**retry, claim_ttl_seconds=claim_ttl_seconds)
     if first.body_digest != body_digest:
         raise IdempotencyKeyReused()
     if first.response is not None:
@@ -107,9 +115,39 @@ def _existing_claim(account_id: int, key: str, body_digest: str) -> Claim:
         raise IdempotencyKeyInUse(
             "This Idempotency-Key was used for a streamed request, which cannot be replayed."
         )
+    if first.created_at < utcnow() - timedelta(seconds=claim_ttl_seconds):
+        _drop_abandoned_claim(first.id)
+        return claim_key(**retry, claim_ttl_seconds=claim_ttl_seconds)
     raise IdempotencyKeyInUse(
         "A request with this Idempotency-Key is still in progress. Retry later."
     )
+
+
+def _drop_abandoned_claim(claim_id: int) -> None:
+    """Delete a claim that never got an answer; a concurrent retry may have done it first."""
+    db.session.execute(
+        delete(IdempotentRequest).where(
+            IdempotentRequest.id == claim_id,
+            IdempotentRequest.response.is_(None),
+            IdempotentRequest.streamed.is_(False),
+        )
+    )
+    db.session.commit()
+
+
+def prune_expired_claims(*, batch_size: int) -> int:
+    """Delete up to ``batch_size`` claims past the replay window; return how many went."""
+    expired = (
+        select(IdempotentRequest.id)
+        .where(IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW)
+        .order_by(IdempotentRequest.created_at)
+        .limit(batch_size)
+    )
+    ids = list(db.session.scalars(expired))
+    if ids:
+        db.session.execute(delete(IdempotentRequest).where(IdempotentRequest.id.in_(ids)))
+    db.session.commit()
+    return len(ids)
 
 
 def store_answer(claim: Claim, response_body: bytes) -> None:

@@ -1,4 +1,4 @@
-"""Keep the holds of running requests alive, and release those whose worker died.
+"""Keep running requests' holds alive, release dead workers' holds, prune old idempotency keys.
 
 Each gunicorn worker runs one sweeper greenlet. It renews the holds of every request
 the worker is running (``live_holds``), whatever the request is doing: waiting for an
@@ -18,6 +18,7 @@ import weakref
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.completions.idempotency import prune_expired_claims
 from app.credits.ledger import extend_holds, release_expired_holds
 from app.extensions import db
 
@@ -90,6 +91,28 @@ def sweep_expired_holds(app: Flask) -> int:
     return released
 
 
+# Deleted per statement, so that pruning a day's backlog never holds long locks.
+PRUNE_BATCH_SIZE = 500
+
+
+def prune_idempotency_records(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
+    """Delete Idempotency-Key records past their 24 hours, in batches; return how many."""
+    pruned = 0
+    with app.app_context():
+        try:
+            batch = batch_size
+            while batch == batch_size:
+                batch = prune_expired_claims(batch_size=batch_size)
+                pruned += batch
+                time.sleep(0)  # let the worker's requests run between batches
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("pruning idempotency records failed; will retry")
+    if pruned:
+        log.info("pruned %d expired idempotency records", pruned)
+    return pruned
+
+
 def run_sweeper(app: Flask) -> None:
     """Renew live holds and sweep expired ones forever; meant to run in its own greenlet."""
     interval = sweep_interval(app.config["HOLD_TTL_SECONDS"])
@@ -97,3 +120,4 @@ def run_sweeper(app: Flask) -> None:
         time.sleep(interval)
         renew_live_holds(app)
         sweep_expired_holds(app)
+        prune_idempotency_records(app)

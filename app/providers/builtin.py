@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.errors import InvalidRequest
 from app.providers.base import (
     Adapter,
     ChatRequest,
@@ -33,7 +34,7 @@ from app.providers.base import (
     Usage,
 )
 from app.providers.errors import UpstreamError
-from app.providers.schema_instances import schema_instance
+from app.providers.schema_instances import InstanceTooLarge, schema_instance
 from app.providers.tokens import prompt_token_bound
 
 # A word token holds at most WORD_TOKEN_CHARACTERS: a 5 MB "word" is as many tokens as a
@@ -135,6 +136,41 @@ def response_schema(response_format: Any) -> Any:
     if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
         return None
     return (response_format.get("json_schema") or {}).get("schema")
+
+
+def prompt_words(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """Return the words of 3+ letters of the last user message, which instances' strings use."""
+    return PROMPT_WORD_PATTERN.findall(message_text(last_user_message(messages)))
+
+
+def tool_parameters(tool: dict[str, Any]) -> Any:
+    """Return the JSON Schema of a tool's arguments (an empty object when it declares none)."""
+    return (tool.get("function") or {}).get("parameters") or {"type": "object"}
+
+
+def bounded_instance(schema: Any, words: Sequence[str], param: str) -> Any:
+    """Generate an instance of the caller's ``schema``; raise InvalidRequest past its budget."""
+    try:
+        return schema_instance(schema, words)
+    except InstanceTooLarge as error:
+        raise InvalidRequest(
+            f"{param} is too large to generate an instance of: {error}.",
+            param=param,
+            code="schema_too_large",
+        ) from None
+
+
+def check_schema_instances(request: ChatRequest) -> None:
+    """Refuse schemas whose instance would exceed the budget, before anything is held."""
+    schema = response_schema(request.params.get("response_format"))
+    if not request.params.get("tools") and schema is None:
+        return
+    words = prompt_words(request.messages)
+    for index, tool in enumerate(request.params.get("tools") or ()):
+        if tool_name(tool):
+            bounded_instance(tool_parameters(tool), words, f"tools[{index}].function.parameters")
+    if schema is not None:
+        bounded_instance(schema, words, "response_format.json_schema.schema")
 
 
 def declaration_tokens(params: dict[str, Any]) -> int:
@@ -261,7 +297,7 @@ def format_content(reply: str, response_format: Any, words: Sequence[str]) -> st
     """Shape the reply as the response_format asks: plain, {"reply": ...}, or a schema instance."""
     schema = response_schema(response_format)
     if schema is not None:
-        return json.dumps(schema_instance(schema, words))
+        return json.dumps(bounded_instance(schema, words, "response_format.json_schema.schema"))
     if isinstance(response_format, dict) and response_format.get("type") in (
         "json_object",
         "json_schema",
@@ -374,11 +410,10 @@ class ToolCallPlan:
 
 def plan_tool_call(tool: dict[str, Any], rng: random.Random, words: Sequence[str]) -> ToolCallPlan:
     """Call ``tool`` with arguments generated from its parameters schema."""
-    function = tool["function"]
-    arguments = schema_instance(function.get("parameters") or {"type": "object"}, words)
+    arguments = bounded_instance(tool_parameters(tool), words, "tools")
     return ToolCallPlan(
         id=f"call_{rng.getrandbits(96):024x}",
-        name=function["name"],
+        name=tool["function"]["name"],
         argument_tokens=tuple(tokenize(json.dumps(arguments))),
     )
 
@@ -487,7 +522,7 @@ def plan_choice(
     rng = choice_rng(params, index, prompt.digest)
     reasoning = reasoning_trace(reasoning_size(params, target), rng)
     limit = request.max_output_tokens or target.max_output_tokens
-    words = PROMPT_WORD_PATTERN.findall(message_text(last_user_message(request.messages)))
+    words = prompt_words(request.messages)
     content: list[str] = []
     calls: list[ToolCallPlan] = []
     if tools := select_tools(params, request.messages):
@@ -589,7 +624,11 @@ class BuiltinAdapter(Adapter):
         return read_prompt(request, target).tokens
 
     def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
-        """Bound the prompt tokens by the prompt's size, without tokenizing it."""
+        """Bound the prompt tokens by the prompt's size, without tokenizing it.
+
+        It runs before credit is held, so it also refuses schemas too large to instantiate.
+        """
+        check_schema_instances(request)
         return prompt_token_bound(
             request, image_tokens=IMAGE_TOKENS, low_detail_image_tokens=LOW_DETAIL_IMAGE_TOKENS
         )

@@ -4,10 +4,16 @@ The built-in model uses it for tool-call arguments and ``json_schema`` output. I
 what function and response schemas use in practice: objects, arrays, strings with
 formats and lengths, numbers with bounds and multiples, enums, consts, combinators and
 local ``$ref``s (recursion is bounded). ``pattern`` and ``uniqueItems`` are not honoured.
+
+Schemas are the caller's input, generated from on the worker that serves other requests:
+besides the caps of each level, one instance has a budget of work (values generated,
+references followed, keywords merged) and of characters (strings, keys, consts), so that
+nested arrays or fan-out through ``$ref`` cannot multiply into millions of values.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +24,9 @@ MAX_ITEMS = 64
 MAX_STRING_LENGTH = 4096
 SHALLOW_SCHEMA_DEPTH = 8
 MAX_SCHEMA_DEPTH = 16
+# The budget of one instance, across all its levels.
+MAX_INSTANCE_STEPS = 10_000
+MAX_INSTANCE_CHARACTERS = 64 * 1024
 FORMAT_EXAMPLES = {
     "date-time": "2024-01-01T00:00:00Z",
     "date": "2024-01-01",
@@ -32,28 +41,54 @@ FORMAT_EXAMPLES = {
 }
 
 
+class InstanceTooLarge(Exception):
+    """The schema asks for more than one instance may hold; the message says which budget."""
+
+
 @dataclass
 class _SchemaWalk:
-    """The state of one instance generation: the root schema (for $ref) and the prompt's words."""
+    """One instance generation: the root (for $ref), the words, the work and output spent."""
 
     root: Any
     words: Sequence[str]
     used: int = 0
+    steps: int = 0
+    characters: int = 0
+
+    def spend(self, steps: int = 1, characters: int = 0) -> None:
+        """Account for work and output; raise InstanceTooLarge past either budget."""
+        self.steps += steps
+        self.characters += characters
+        if self.steps > MAX_INSTANCE_STEPS:
+            raise InstanceTooLarge(
+                f"its instance would take more than {MAX_INSTANCE_STEPS} values, "
+                "references and merged keywords"
+            )
+        if self.characters > MAX_INSTANCE_CHARACTERS:
+            raise InstanceTooLarge(
+                f"its instance would be longer than {MAX_INSTANCE_CHARACTERS} characters"
+            )
 
     def next_word(self) -> str:
         """Return the prompt's next word in turn, or "example" when it has none."""
-        if not self.words:
-            return "example"
-        word = self.words[self.used % len(self.words)]
+        word = self.words[self.used % len(self.words)] if self.words else "example"
         self.used += 1
+        self.spend(characters=len(word))
         return word
+
+    def copy_of(self, value: Any) -> Any:
+        """Return a const or enum value, paying for its length."""
+        self.spend(characters=len(json.dumps(value)) if isinstance(value, dict | list) else 8)
+        return value
 
 
 def schema_instance(schema: Any, words: Sequence[str] = ()) -> Any:
     """Generate a value that validates against the JSON Schema ``schema``.
 
     Schemas are the caller's input, so any keyword may hold any JSON value: sizes are
-    capped, and a schema too contradictory to instantiate gives None, never an error.
+    capped, and a schema too contradictory to instantiate gives None.
+
+    :raise InstanceTooLarge: the whole instance would exceed the budget of one instance.
     """
     try:
         return _instance(schema, _SchemaWalk(schema, words), 0)
@@ -78,12 +113,13 @@ def _number(schema: dict[str, Any], key: str) -> float | None:
 
 
 def _instance(schema: Any, walk: _SchemaWalk, depth: int) -> Any:
+    walk.spend()
     if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
         return None
     if "const" in schema:
-        return schema["const"]
+        return walk.copy_of(schema["const"])
     if schema.get("enum"):
-        return schema["enum"][0]
+        return walk.copy_of(schema["enum"][0])
     folded = _fold_combinator(schema, walk)
     if folded is not None:
         return _instance(folded, walk, depth + 1)
@@ -98,6 +134,7 @@ def _fold_combinator(schema: dict[str, Any], walk: _SchemaWalk) -> dict[str, Any
         merged = _without(schema, "allOf")
         for part in schema["allOf"]:
             merged = _merge_schemas(merged, _dereference(part, walk))
+            walk.spend(len(merged) + len(merged.get("properties") or ()))
         return merged
     for key in ("anyOf", "oneOf"):
         if schema.get(key):
@@ -112,6 +149,7 @@ def _dereference(schema: Any, walk: _SchemaWalk) -> dict[str, Any]:
             break
         target = _resolve_pointer(walk.root, schema["$ref"])
         schema = _merge_schemas(target, _without(schema, "$ref"))
+        walk.spend(len(schema))
     return schema if isinstance(schema, dict) else {}
 
 
@@ -160,15 +198,18 @@ def _schema_type(schema: dict[str, Any]) -> str:
 def _object_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> dict[str, Any]:
     properties = schema.get("properties") or {}
     required = list(schema.get("required") or ())
+    needed = set(required)
     # Deep down (recursive $refs) only required properties are filled, so generation ends.
     shallow = depth >= SHALLOW_SCHEMA_DEPTH
-    value = {
-        name: _instance(subschema, walk, depth + 1)
-        for name, subschema in properties.items()
-        if not shallow or name in required
-    }
+    value = {}
+    for name, subschema in properties.items():
+        walk.spend(characters=len(name))
+        if not shallow or name in needed:
+            value[name] = _instance(subschema, walk, depth + 1)
     for name in required:
-        value.setdefault(name, walk.next_word())
+        if name not in value:
+            walk.spend(characters=len(str(name)))
+            value[name] = walk.next_word()
     return value
 
 
@@ -195,6 +236,7 @@ def _string_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> s
     shortest = _size(schema, "minLength", MAX_STRING_LENGTH) or 0
     longest = _size(schema, "maxLength", MAX_STRING_LENGTH)
     if len(word) < shortest:
+        walk.spend(characters=shortest - len(word))
         word = (word * shortest)[:shortest]
     return word if longest is None else word[:longest]
 

@@ -156,3 +156,46 @@ def test_a_recursive_schema_ends():
 def test_hostile_schemas_give_a_bounded_value_and_never_raise(schema):
     value = schema_instance(schema, ["word"])
     assert len(repr(value)) < 300_000
+
+
+def arrays(levels: int, items: int = 64) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "array", "minItems": items, "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        arrays(3),
+        {
+            "$defs": {"a": arrays(2)},
+            "type": "array",
+            "minItems": 64,
+            "items": {"$ref": "#/$defs/a"},
+        },
+        {"type": "array", "minItems": 64, "items": {"type": "string", "minLength": 4096}},
+        {"type": "array", "minItems": 64, "items": {"const": ["x" * 2000]}},
+        {"type": "object", "required": [f"name{i}" for i in range(20_000)]},
+        {"allOf": [{"properties": {f"p{i}": {} for i in range(200)}}] * 200},
+    ],
+    ids=["nested-arrays", "ref-fan-out", "long-strings", "big-consts", "required", "allOf"],
+)
+def test_an_instance_past_the_whole_budget_is_refused(schema):
+    with pytest.raises(schema_instances.InstanceTooLarge):
+        schema_instance(schema, ["word"])
+
+
+def test_long_prompt_words_count_against_the_character_budget():
+    schema = {"type": "array", "minItems": 64, "items": {"type": "string"}}
+    assert len(schema_instance(schema, ["word"])) == 64
+    with pytest.raises(schema_instances.InstanceTooLarge):
+        schema_instance(schema, ["w" * 2000])
+
+
+def test_an_instance_within_the_budget_validates():
+    schema = arrays(2)
+    value = schema_instance(schema)
+    assert len(value) == 64 and all(len(row) == 64 for row in value)
+    jsonschema.validate(value, schema)
