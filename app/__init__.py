@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +13,8 @@ from app.catalog.registry import init_catalog
 from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
 from app.extensions import db, migrate
+from app.observability import init_observability
+from app.providers.cooldown import upstream_cooldowns
 from app.ratelimits import init_rate_limits, limiter
 from config.settings import config_class, instance_defaults, settings_from_environment
 
@@ -28,18 +29,12 @@ def create_app(config_name: str | None = None, overrides: Mapping[str, Any] | No
     app.config.update(settings_from_environment(os.environ))
     app.config.update(overrides or {})
     app.config.update(instance_defaults(app.config, app.instance_path))
-    configure_logging(app)
+    init_observability(app)
     register_extensions(app)
     register_blueprints(app)
     register_errorhandlers(app)
     register_commands(app)
     return app
-
-
-def configure_logging(app: Flask) -> None:
-    """Log to stderr at INFO, where gunicorn and the platform collect it."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
 def register_extensions(app: Flask) -> None:
@@ -48,6 +43,7 @@ def register_extensions(app: Flask) -> None:
     migrate.init_app(app, db, directory=MIGRATIONS_DIRECTORY)
     init_rate_limits(app)
     init_catalog(app)
+    upstream_cooldowns.configure(redis_url=app.config.get("REDIS_URL"))
 
 
 def register_blueprints(app: Flask) -> None:
@@ -56,9 +52,12 @@ def register_blueprints(app: Flask) -> None:
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
+    from app.observability import views as observability_views
 
     app.register_blueprint(health.bp)
     limiter.exempt(health.bp)
+    app.register_blueprint(observability_views.bp)
+    limiter.exempt(observability_views.bp)
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
     app.register_blueprint(credit_views.bp, url_prefix="/v1")

@@ -32,6 +32,13 @@ class Config:
     # A hold outlives its request only when the worker died; it is released after this long.
     HOLD_TTL_SECONDS = 900
     JSON_SORT_KEYS = False
+    # "text" for people, "json" for one JSON object per line.
+    LOG_FORMAT = "text"
+    # Bearer token GET /metrics requires; unset, /metrics is not served.
+    METRICS_TOKEN: str | None = None
+    # Proxies in front whose X-Forwarded-For/-Proto are trusted: how many, and from where.
+    PROXY_HOPS = 0
+    FORWARDED_ALLOW_IPS = "127.0.0.1"
 
 
 class DevelopmentConfig(Config):
@@ -73,6 +80,19 @@ def normalize_database_url(url: str) -> str:
     return url
 
 
+def _log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise ValueError("must be text or json")
+    return value
+
+
+def _hop_count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 or a positive integer")
+    return number
+
+
 def _positive_int(value: str) -> int:
     number = int(value)
     if number <= 0:
@@ -88,6 +108,10 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("RATE_LIMIT", "RATE_LIMIT", str),
     ("MODEL_CATALOG", "MODEL_CATALOG", str),
     ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
+    ("LOG_FORMAT", "LOG_FORMAT", _log_format),
+    ("METRICS_TOKEN", "METRICS_TOKEN", str),
+    ("PROXY_HOPS", "PROXY_HOPS", _hop_count),
+    ("FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS", str),
 )
 
 

@@ -1,0 +1,34 @@
+"""GET /metrics: Prometheus text, for the operator's scraper only."""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import Blueprint, Response, current_app, request
+from prometheus_client import CONTENT_TYPE_LATEST
+from werkzeug.exceptions import NotFound
+
+from app.auth.decorators import bearer_token
+from app.catalog.registry import current_catalog
+from app.credits.holds import open_holds_summary
+from app.observability.metrics import gauge, render_metrics, upstream_state_families
+from app.providers.cooldown import upstream_cooldowns
+
+bp = Blueprint("observability", __name__)
+
+
+@bp.get("/metrics")
+def read_metrics() -> Response:
+    """Answer the metrics to a bearer of METRICS_TOKEN; to anyone else, not found."""
+    expected = current_app.config.get("METRICS_TOKEN")
+    presented = bearer_token(request.headers.get("Authorization")) or ""
+    if not expected or not hmac.compare_digest(presented.encode(), expected.encode()):
+        # 404, not 401: the endpoint does not advertise itself to those who may not scrape.
+        raise NotFound()
+    holds = open_holds_summary()
+    scraped = [
+        gauge("gateway_holds_open", "Credit holds of requests in flight.", holds.count),
+        gauge("gateway_holds_open_usd", "USD held for requests in flight.", holds.amount),
+        *upstream_state_families(current_catalog(), upstream_cooldowns),
+    ]
+    return Response(render_metrics(scraped), mimetype=CONTENT_TYPE_LATEST.split(";")[0])
