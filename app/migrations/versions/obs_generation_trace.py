@@ -1,7 +1,7 @@
 """generations record their request id, time to first token and upstream calls
 
 Revision ID: obs_generation_trace
-Revises: 0003
+Revises: credit_key_limits
 Create Date: 2026-11-22 16:00:00
 
 """
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "obs_generation_trace"
-down_revision = "0003"
+down_revision = "credit_key_limits"
 branch_labels = None
 depends_on = None
 
