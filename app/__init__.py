@@ -49,6 +49,7 @@ def register_extensions(app: Flask) -> None:
 def register_blueprints(app: Flask) -> None:
     """Mount the API under /v1 and the probes at the root."""
     from app import health
+    from app.auth import views as key_views
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
@@ -61,6 +62,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
     app.register_blueprint(credit_views.bp, url_prefix="/v1")
+    app.register_blueprint(key_views.bp, url_prefix="/v1")
 
 
 def register_commands(app: Flask) -> None:
