@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export FLASK_APP := wsgi
 # Debian packages the test suite needs beyond Python; each is installed only if missing.
-DEBIAN_PACKAGES ?=
+DEBIAN_PACKAGES ?= nginx
 
 .PHONY: run test lint system
 
