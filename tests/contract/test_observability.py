@@ -217,14 +217,19 @@ def test_a_stream_has_one_access_line_written_when_it_ends(gateway, funded_key):
         assert line["ttft_ms"] is not None
 
 
-def test_json_logs_are_one_object_per_line(gateway):
-    if gateway.log_format != "json":
-        pytest.skip("the text format is for people")
-    requests.get(f"{gateway.url}/v1/nowhere")
+def test_every_line_is_in_the_configured_format(gateway):
+    requests.get(f"{gateway.url}/v1/nowhere", headers={"X-Request-Id": "format-1"})
+    access_lines(gateway, "format-1")
 
-    records = [json.loads(line) for line in log_lines(gateway)]
+    lines = log_lines(gateway)
 
-    assert {"gunicorn.error", "gateway.access"} <= {record["logger"] for record in records}
+    if gateway.log_format == "json":
+        loggers = {json.loads(line)["logger"] for line in lines}
+        assert {"gunicorn.error", "gateway.access"} <= loggers
+    else:
+        text_line = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+ \[[^\]]+\] ")
+        assert [line for line in lines if not text_line.match(line)] == []
+        assert any(" gunicorn.error [-] Booting worker" in line for line in lines)
 
 
 def key_fragments(key: str, length: int = 10) -> set[str]:
