@@ -81,7 +81,8 @@ def stamp_headers(trace: RequestTrace, headers: list[tuple[str, str]]) -> None:
         name.lower() == "content-type" and value.startswith(EVENT_STREAM)
         for name, value in headers
     )
-    headers.append((OVERHEAD_HEADER, f"{trace.overhead_seconds() * 1000:.1f}"))
+    trace.overhead = trace.overhead_seconds()
+    headers.append((OVERHEAD_HEADER, f"{trace.overhead * 1000:.1f}"))
     if trace.streamed:
         metrics.streams_in_flight.inc()
 

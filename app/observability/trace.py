@@ -72,6 +72,8 @@ class RequestTrace:
     upstream_wait: float = 0.0
     first_token_seconds: float | None = None
     first_byte_seconds: float | None = None
+    # The gateway's own time until the response headers left (X-Gateway-Overhead-Ms).
+    overhead: float | None = None
 
     @property
     def upstream(self) -> str | None:
@@ -83,7 +85,13 @@ class RequestTrace:
         return time.perf_counter() - self.started
 
     def overhead_seconds(self) -> float:
-        """Seconds the gateway itself added so far: elapsed minus waiting for upstreams."""
+        """Seconds the gateway itself added until the headers (or so far, before them).
+
+        It is the elapsed time minus the time waiting for upstreams; a stream's headers
+        leave when its first chunk is in, and the relaying after them is not counted.
+        """
+        if self.overhead is not None:
+            return self.overhead
         return max(self.elapsed() - self.upstream_wait, 0.0)
 
     def note_attempt(self, upstream: str, outcome: str, seconds: float) -> None:

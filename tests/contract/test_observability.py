@@ -215,6 +215,8 @@ def test_a_stream_has_one_access_line_written_when_it_ends(gateway, funded_key):
     if gateway.log_format == "json":
         assert line["status"] == 200 and line["completion_tokens"] > 0
         assert line["ttft_ms"] is not None
+        # The overhead is the gateway's time until the headers, not the relaying after.
+        assert line["overhead_ms"] == float(response.headers["X-Gateway-Overhead-Ms"])
 
 
 def test_every_line_is_in_the_configured_format(gateway):
