@@ -2,6 +2,7 @@
 
 import glob
 import os
+import shutil
 import sys
 import tempfile
 
@@ -32,6 +33,7 @@ def fresh_metrics_directory() -> str:
     return directory
 
 
+metrics_directory_is_ours = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 metrics_directory = fresh_metrics_directory()
 
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
@@ -97,6 +99,12 @@ def post_worker_init(worker):  # noqa: ANN001, ANN201
     from app.credits.sweeper import run_sweeper
 
     gevent.spawn(run_sweeper, worker.wsgi)
+
+
+def on_exit(server):  # noqa: ANN001, ANN201
+    """Remove the samples directory gunicorn made for itself; an operator's is kept."""
+    if metrics_directory_is_ours:
+        shutil.rmtree(metrics_directory, ignore_errors=True)
 
 
 def child_exit(server, worker):  # noqa: ANN001, ANN201
