@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +14,8 @@ from app.dashboard.session import init_sessions
 from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
 from app.extensions import csrf, db, migrate
+from app.observability import init_observability
+from app.providers.cooldown import upstream_cooldowns
 from app.ratelimits import init_rate_limits, limiter
 from config.settings import (
     config_class,
@@ -35,18 +36,12 @@ def create_app(config_name: str | None = None, overrides: Mapping[str, Any] | No
     app.config.update(overrides or {})
     app.config.update(instance_defaults(app.config, app.instance_path))
     app.config.update(database_engine_options(app.config))
-    configure_logging(app)
+    init_observability(app)
     register_extensions(app)
     register_blueprints(app)
     register_errorhandlers(app)
     register_commands(app)
     return app
-
-
-def configure_logging(app: Flask) -> None:
-    """Log to stderr at INFO, where gunicorn and the platform collect it."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
 def register_extensions(app: Flask) -> None:
@@ -57,23 +52,29 @@ def register_extensions(app: Flask) -> None:
     init_catalog(app)
     csrf.init_app(app)
     init_sessions(app)
+    upstream_cooldowns.configure(redis_url=app.config.get("REDIS_URL"))
 
 
 def register_blueprints(app: Flask) -> None:
-    """Mount the API under /v1, the probes and the dashboard at the root."""
+    """Mount the API under /v1, the probes, the metrics and the dashboard at the root."""
     from app import health, openapi
+    from app.auth import views as key_views
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
     from app.dashboard import views as dashboard_views
+    from app.observability import views as observability_views
 
     app.register_blueprint(health.bp)
     limiter.exempt(health.bp)
+    app.register_blueprint(observability_views.bp)
+    limiter.exempt(observability_views.bp)
     app.register_blueprint(openapi.bp, url_prefix="/v1")
     limiter.exempt(openapi.bp)
     app.register_blueprint(catalog_views.bp, url_prefix="/v1")
     app.register_blueprint(completion_views.bp, url_prefix="/v1")
     app.register_blueprint(credit_views.bp, url_prefix="/v1")
+    app.register_blueprint(key_views.bp, url_prefix="/v1")
     app.register_blueprint(dashboard_views.bp)
 
 

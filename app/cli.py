@@ -7,6 +7,7 @@ A command that issues a key prints the value alone on the last line of stdout, s
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from app.accounts.invites import create_invite
 from app.accounts.passwords import set_password
 from app.auth import keys
 from app.auth.errors import InvalidKeyLimits, KeyNotFound
-from app.catalog.registry import current_catalog
+from app.catalog.registry import Route, current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
     AccountExists,
@@ -32,6 +33,7 @@ from app.credits.accounts import (
 )
 from app.credits.audit import audit_ledger
 from app.credits.errors import IdempotencyConflict
+from app.providers.cooldown import upstream_cooldowns
 
 
 class OperatorCommand(click.Command):
@@ -244,12 +246,23 @@ def list_catalog_command() -> None:
     for model in current_catalog().list():
         p = model.pricing
         routes = ",".join(
-            f"{r.adapter.upstream.name}:{r.target.upstream_model}" for r in model.routes
+            f"{r.adapter.upstream.name}:{r.target.upstream_model}{route_state(r)}"
+            for r in model.routes
         )
         click.echo(
             f"{model.id}\t{p.prompt}\t{p.completion}\t{p.cached_read}\t{p.image}\t"
             f"{model.context_length}\t{','.join(sorted(model.capabilities)) or '-'}\t{routes}"
         )
+
+
+def route_state(route: Route) -> str:
+    """Say when a route's upstream is cooling down or failing (state shared through Redis)."""
+    state = upstream_cooldowns.state(route.adapter.upstream)
+    if state.seconds_left > 0:
+        return f" (cooling down, {math.ceil(state.seconds_left)}s left)"
+    if state.failures:
+        return f" ({state.failures} failures in a row)"
+    return ""
 
 
 @ledger_cli.command("audit")

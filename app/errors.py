@@ -9,6 +9,7 @@ from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from app.encoding import dumps
+from app.observability.trace import current_trace
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def envelope(message: str, type_: str, code: str | None, param: str | None) -> d
 
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> Response:
     """Build a JSON response carrying ``error``'s envelope and status."""
+    current_trace().error_code = error.code
     response = Response(dumps(error.to_envelope()), error.status, mimetype="application/json")
     if headers:
         response.headers.update(headers)

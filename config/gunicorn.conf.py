@@ -1,15 +1,40 @@
 """Gunicorn settings: gevent workers, so long-lived streams do not hold a process each."""
 
+import glob
 import os
+import shutil
 import sys
+import tempfile
 
 from gevent import monkey
+from gunicorn.glogging import Logger
 
 # Patch the master too, before on_starting imports the app: forked workers inherit its
 # modules, and urllib3 keeps direct references to ssl's classes, which a worker's own
 # patching comes too late to replace; HTTPS calls to upstreams would then block the
 # whole worker instead of yielding to other requests.
 monkey.patch_all()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def fresh_metrics_directory() -> str:
+    """Return an empty PROMETHEUS_MULTIPROC_DIR, where workers write their metric samples.
+
+    It must be set before prometheus_client is imported, and emptied at every start:
+    files a previous run left would be summed into the new run's counters.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        directory = tempfile.mkdtemp(prefix="gateway-metrics-")
+    os.makedirs(directory, exist_ok=True)
+    for samples in glob.glob(os.path.join(directory, "*.db")):
+        os.remove(samples)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    return directory
+
+
+metrics_directory_is_ours = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+metrics_directory = fresh_metrics_directory()
 
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
@@ -17,17 +42,38 @@ worker_class = "gevent"
 worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))
 # gevent workers heartbeat from their own loop; this only catches a truly stuck worker.
 timeout = 60
+# On SIGTERM workers stop accepting and let streams in flight finish for this long.
 graceful_timeout = 30
 # Longer than nginx's and load balancers' upstream keep-alive, so they close first.
 keepalive = 75
-accesslog = "-"
+# The app writes one access line per request itself (app/observability/logs.py), with
+# the request id, caller ids, model, tokens and cost; gunicorn's would be a second line,
+# and it logs the user of a Basic Authorization header, which can be an API key.
+accesslog = None
 errorlog = "-"
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 
 
+class GatewayLogger(Logger):
+    """gunicorn's own lines (boot, worker exits) in the app's format, and no access lines."""
+
+    def setup(self, cfg):  # noqa: ANN001, ANN201
+        """Set up as gunicorn does, then format as LOG_FORMAT says."""
+        super().setup(cfg)
+        from app.observability.logs import formatter_for
+
+        for handler in self.error_log.handlers:
+            handler.setFormatter(formatter_for(os.environ.get("LOG_FORMAT", "text")))
+
+    def access(self, resp, req, environ, request_time):  # noqa: ANN001, ANN201
+        """Write nothing: the app writes the request's one access line itself."""
+
+
+logger_class = GatewayLogger
+
+
 def on_starting(server):  # noqa: ANN001, ANN201
     """Refuse to start, in one line, when the configuration or the catalog is wrong."""
-    sys.path.insert(0, os.getcwd())
     from app.catalog.registry import load_catalog
     from config.settings import ConfigurationError, config_class, settings_from_environment
 
@@ -55,3 +101,16 @@ def post_worker_init(worker):  # noqa: ANN001, ANN201
     from app.credits.sweeper import run_sweeper
 
     gevent.spawn(run_sweeper, worker.wsgi)
+
+
+def on_exit(server):  # noqa: ANN001, ANN201
+    """Remove the samples directory gunicorn made for itself; an operator's is kept."""
+    if metrics_directory_is_ours:
+        shutil.rmtree(metrics_directory, ignore_errors=True)
+
+
+def child_exit(server, worker):  # noqa: ANN001, ANN201
+    """Drop a dead worker's live gauges (streams in flight) from the metrics."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

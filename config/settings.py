@@ -47,6 +47,13 @@ class Config:
     # Sign-in attempts, per email and per client address (the limits library's notation).
     SIGN_IN_LIMIT_PER_EMAIL = "5 per minute;20 per hour"
     SIGN_IN_LIMIT_PER_ADDRESS = "20 per minute;100 per hour"
+    # "text" for people, "json" for one JSON object per line.
+    LOG_FORMAT = "text"
+    # Bearer token GET /metrics requires; unset, /metrics is not served.
+    METRICS_TOKEN: str | None = None
+    # Proxies in front whose X-Forwarded-For/-Proto are trusted: how many, and from where.
+    PROXY_HOPS = 0
+    FORWARDED_ALLOW_IPS = "127.0.0.1"
 
 
 class DevelopmentConfig(Config):
@@ -100,6 +107,19 @@ def database_engine_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"SQLALCHEMY_ENGINE_OPTIONS": options}
 
 
+def _log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise ValueError("must be text or json")
+    return value
+
+
+def _hop_count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 or a positive integer")
+    return number
+
+
 def _positive_int(value: str) -> int:
     number = int(value)
     if number <= 0:
@@ -122,6 +142,10 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("MODEL_CATALOG", "MODEL_CATALOG", str),
     ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
     ("SIGNUP", "SIGNUP", _signup_mode),
+    ("LOG_FORMAT", "LOG_FORMAT", _log_format),
+    ("METRICS_TOKEN", "METRICS_TOKEN", str),
+    ("PROXY_HOPS", "PROXY_HOPS", _hop_count),
+    ("FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS", str),
 )
 
 

@@ -16,6 +16,7 @@ from app.completions.schemas import REASONING_EFFORTS
 from app.credits.pricing import Pricing
 from app.providers import ADAPTERS
 from app.providers.base import Adapter, ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.cooldown import cooldown_policy
 from app.providers.tokens import encoding_names
 
 CAPABILITIES = frozenset({"tools", "json_schema", "reasoning", "vision"})
@@ -154,6 +155,7 @@ def _build_adapters(upstreams: Mapping[str, Any], path: str) -> dict[str, Adapte
 
 def _build_adapter(config: UpstreamConfig, where: str) -> Adapter:
     try:
+        cooldown_policy(config)
         return ADAPTERS[config.kind](config)
     except ValueError as exc:
         # Adapters check their own options (pool_size, tokenizer, ...) and name the key.

@@ -27,3 +27,11 @@ class OutputLimitExceeded(APIError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_value"
+
+
+class GenerationNotFound(APIError):
+    """No generation of the caller's account has the id asked for (404)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"

@@ -31,6 +31,7 @@ from app.credits.ledger import (
 from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
 from app.credits.sweeper import live_holds
 from app.database import BoundStatement, utcnow
+from app.observability.trace import RequestTrace, current_trace
 from app.providers.base import ChatRequest, Chunk, Completion, Usage, fingerprint_of
 from app.providers.router import complete_on_routes, stream_on_routes
 
@@ -59,6 +60,8 @@ class Generation:
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
+    # The request's trace: its id, the upstream calls and the first token's time.
+    trace: RequestTrace = field(default_factory=current_trace)
 
 
 def start_generation(
@@ -206,7 +209,9 @@ def _monthly_limit_message(shortfall: MonthlyLimitShortfall, affordable: int) ->
 def run_completion(generation: Generation) -> dict[str, Any]:
     """Run the generation to the end, settle it, and return the response body."""
     try:
-        completion = complete_on_routes(generation.model.routes, generation.request)
+        completion = complete_on_routes(
+            generation.model.routes, generation.request, generation.trace
+        )
     except BaseException:
         finish_generation(generation, usage=Usage(), status=FAILED, finish_reason=None)
         raise
@@ -221,12 +226,13 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
     """Yield the generation's chunk bodies; settle once, however the stream ends."""
     meter = StreamMeter(generation)
     status = FAILED
-    chunks = stream_on_routes(generation.model.routes, generation.request)
+    chunks = stream_on_routes(generation.model.routes, generation.request, generation.trace)
     try:
         for chunk in chunks:
             if chunk.usage is not None:
                 meter.usage = chunk.usage
             if chunk.choices:
+                generation.trace.note_first_token()
                 meter.observe(chunk)
                 yield chunk_body(generation, chunk.choices, meter.system_fingerprint)
         meter.complete = True
@@ -336,6 +342,13 @@ def finish_generation(
     )
     generation.settled = True
     live_holds.forget(generation.hold.id)
+    generation.trace.note_generation(
+        generation_id=generation.id,
+        model=generation.model.id,
+        usage=usage,
+        cost=charged,
+        status=status,
+    )
     return charged
 
 
@@ -373,7 +386,14 @@ def generation_record(
         "estimated": usage.estimated,
         "latency_ms": int((time.monotonic() - generation.started) * 1000),
         "created_at": utcnow(),
+        "request_id": generation.trace.request_id,
+        "time_to_first_token_ms": _milliseconds(generation.trace.first_token_seconds),
+        "upstream_attempts": generation.trace.attempts_as_dicts(),
     }
+
+
+def _milliseconds(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)
 
 
 def usage_body(usage: Usage, cost: Decimal) -> dict[str, Any]:

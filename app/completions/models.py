@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, Integer, LargeBinary, String, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Integer, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.database import Money, UTCDateTime, utcnow
@@ -46,6 +46,11 @@ class Generation(db.Model):
     estimated: Mapped[bool] = mapped_column(default=False)
     latency_ms: Mapped[int] = mapped_column(Integer, default=0)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow, index=True)
+    # The X-Request-Id of the request that ran it, to find its log lines.
+    request_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    time_to_first_token_ms: Mapped[int | None] = mapped_column(Integer)
+    # Each upstream call: [{"upstream", "outcome", "duration_ms"}], in order.
+    upstream_attempts = mapped_column(JSON, nullable=True)
 
 
 class IdempotentRequest(db.Model):

@@ -15,6 +15,7 @@ from flask import Response, stream_with_context
 
 from app.encoding import dumps
 from app.errors import APIError
+from app.observability.trace import current_trace
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,11 @@ def write_events(chunks: Iterator[dict[str, Any]]) -> Iterator[bytes]:
             for chunk in chunks:
                 yield frame(chunk)
         except APIError as error:
+            current_trace().error_code = error.code
             yield frame(error.to_envelope())
         except Exception:
             log.exception("stream failed after it started")
+            current_trace().error_code = "server_error"
             yield frame(APIError(code="server_error").to_envelope())
         yield DONE
     finally:

@@ -8,6 +8,7 @@ from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
 from app.completions.decorators import honour_idempotency_key
 from app.completions.generations import run_completion, start_generation, stream_generation
+from app.completions.lookup import find_generation_or_raise, generation_body
 from app.completions.schemas import parse_chat_request
 from app.completions.sse import event_stream_response
 from app.encoding import dumps
@@ -33,3 +34,13 @@ def create_chat_completion() -> Response:
     if chat_request.stream:
         return event_stream_response(stream_generation(generation))
     return Response(dumps(run_completion(generation)), mimetype="application/json")
+
+
+@bp.get("/generations/<generation_id>")
+@require_api_key
+def read_generation(generation_id: str) -> Response:
+    """Answer one of the caller's generations: tokens, cost, timings, upstreams tried."""
+    generation = find_generation_or_raise(
+        account_id=g.caller.account_id, generation_id=generation_id
+    )
+    return Response(dumps({"data": generation_body(generation)}), mimetype="application/json")

@@ -9,7 +9,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.auth.models import ApiKey
+from app.auth.models import DELETED, ApiKey
+from app.credits.ledger import month_start
 from app.credits.models import Account, LedgerEntry
 from app.dashboard.pages import Page, fetch_page
 from app.dashboard.usage import spend_by_key_since
@@ -24,24 +25,23 @@ class KeyRow:
     spend_this_month: Decimal
 
 
-def month_start(now: datetime) -> datetime:
-    """Return the first instant of ``now``'s calendar month, UTC."""
-    return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
 def find_account_key(account_id: int, key_id: int) -> ApiKey | None:
-    """Return key ``key_id`` if the account owns it, else None (another's key is no key)."""
+    """Return key ``key_id`` if the account owns it and it is not deleted, else None."""
     return db.session.scalar(
-        select(ApiKey).where(ApiKey.id == key_id, ApiKey.account_id == account_id)
+        select(ApiKey).where(
+            ApiKey.id == key_id, ApiKey.account_id == account_id, ApiKey.state != DELETED
+        )
     )
 
 
 def account_key_rows(account_id: int, now: datetime) -> list[KeyRow]:
-    """Return the account's keys, newest first, with each one's spend this month."""
+    """Return the account's keys (not deleted), newest first, with their spend this month."""
     keys = db.session.scalars(
-        select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.id.desc())
+        select(ApiKey)
+        .where(ApiKey.account_id == account_id, ApiKey.state != DELETED)
+        .order_by(ApiKey.id.desc())
     )
-    spend = spend_by_key_since(account_id, month_start(now))
+    spend = spend_by_key_since(account_id, month_start(now.astimezone(UTC)))
     return [KeyRow(key, spend.get(key.id, Decimal(0))) for key in keys]
 
 

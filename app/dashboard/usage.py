@@ -102,7 +102,7 @@ def totals_by_model(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
 
 
 def totals_by_key(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
-    """Return requests, tokens and cost per key (deleted keys together), costliest first."""
+    """Return requests, tokens and cost per key (unkeyed records together), costliest first."""
     label = func.coalesce(ApiKey.name, "(deleted key)")
     return _totals(account_id, usage, label, Generation.api_key_id, ApiKey.name)
 

@@ -19,6 +19,8 @@ class UpstreamError(APIError):
     code = "upstream_error"
     retryable = True
     default_message = "The model's upstream failed to answer. Retry with backoff."
+    # The upstream's own HTTP status, when it answered with an error one.
+    upstream_status: int | None = None
 
     def __init__(
         self,

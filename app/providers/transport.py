@@ -24,6 +24,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from app.encoding import dumps, loads
+from app.observability.trace import REQUEST_ID_HEADER, current_request_id
 from app.providers.base import Adapter, ChatRequest, RouteTarget, UpstreamConfig
 from app.providers.errors import (
     UpstreamError,
@@ -210,6 +211,8 @@ class HttpUpstreamAdapter(Adapter):
 
         ``public_model`` replaces the upstream's name for the model in a passed-on message.
         """
+        if request_id := current_request_id():
+            headers = {**headers, REQUEST_ID_HEADER: request_id}
         try:
             response = self.session.post(
                 url, data=dumps(body), headers=headers, timeout=self.timeout, stream=stream
@@ -219,7 +222,10 @@ class HttpUpstreamAdapter(Adapter):
             raise transport_error(exc) from None
         if response.status_code >= 300:
             with response:
-                raise self.status_error(response, (str(body.get("model")), public_model))
+                error = self.status_error(response, (str(body.get("model")), public_model))
+            if isinstance(error, UpstreamError):
+                error.upstream_status = response.status_code
+            raise error
         return response
 
     def read_json(self, response: requests.Response) -> dict[str, Any]:

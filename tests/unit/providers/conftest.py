@@ -6,7 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from app.providers.cooldown import upstream_cooldowns
 from tests.upstream_server import ReplayServer
+
+
+@pytest.fixture(autouse=True)
+def fresh_cooldowns() -> None:
+    """Every test starts with no upstream cooling down (the state is per process)."""
+    upstream_cooldowns.configure(redis_url=None)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from app.catalog.registry import Route
+from app.observability.trace import RequestTrace
 from app.providers import router
 from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
 from app.providers.errors import (
@@ -185,3 +186,33 @@ def test_retry_delay(error, delay):
         assert 0 < result <= router.BACKOFF_CAP_SECONDS
     else:
         assert result == delay
+
+
+def test_every_call_is_traced_with_how_it_ended(routes, replay_server):
+    replay_server.script("/first", Reply("openai_error_500"), Reply("openai_error_429"))
+    replay_server.script("/second", Reply("openai_chat"))
+    trace = RequestTrace(request_id="r")
+
+    complete_on_routes(routes, REQUEST, trace)
+
+    assert [(a.upstream, a.outcome) for a in trace.attempts] == [
+        ("first", "5xx"),
+        ("first", "failed_over"),
+        ("second", "ok"),
+    ]
+    assert trace.upstream_wait >= sum(a.seconds for a in trace.attempts)
+    assert replay_server.exchanges[0].headers.get("x-request-id") is None
+
+
+def test_a_cooling_route_is_skipped_without_a_call(replay_server):
+    first = route(f"{replay_server.url}/first/v1", retries=0)
+    second = route(f"{replay_server.url}/second/v1")
+    replay_server.script("/first", *[Reply("openai_error_500")] * 3)
+    replay_server.script("/second", *[Reply("openai_chat")] * 4)
+    traces = [RequestTrace(request_id=str(i)) for i in range(4)]
+
+    for trace in traces:
+        complete_on_routes([first, second], REQUEST, trace)
+
+    assert len(replay_server.exchanges_to("/first")) == 3
+    assert [a.outcome for a in traces[3].attempts] == ["skipped", "ok"]

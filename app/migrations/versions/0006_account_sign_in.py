@@ -3,16 +3,16 @@
 Passwords and invites live in tables of their own rather than columns of accounts, so
 the accounts table, which the hot path updates on every request, is left as it was.
 
-Revision ID: dash_account_sign_in
-Revises: credit_charge_shortfall
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-22 16:00:00
 
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "dash_account_sign_in"
-down_revision = "credit_charge_shortfall"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -5,7 +5,7 @@ month's spend and its open holds' reservation on its row, so the hold's conditio
 UPDATE can refuse a request past the limit in the same transaction as the balance;
 a hold remembers the key it reserved against, so that its expiry releases it.
 
-Revision ID: credit_key_limits
+Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-22 16:00:00
 
@@ -13,7 +13,7 @@ Create Date: 2026-11-22 16:00:00
 import sqlalchemy as sa
 from alembic import op
 
-revision = "credit_key_limits"
+revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None

@@ -4,16 +4,16 @@ A generation whose actual usage prices above its hold is charged what the balanc
 the key's monthly limit allow; the rest is its shortfall, kept on its record so that
 the audit tells it from a pricing mismatch.
 
-Revision ID: credit_charge_shortfall
-Revises: credit_key_limits
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-22 16:30:00
 
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "credit_charge_shortfall"
-down_revision = "credit_key_limits"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
