@@ -16,7 +16,7 @@ from flask import Flask
 from flask.cli import AppGroup
 
 from app.auth import keys
-from app.auth.errors import KeyNotFound
+from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
@@ -81,12 +81,43 @@ class UsdAmount(click.ParamType):
 USD = UsdAmount()
 
 
+class UsdLimit(click.ParamType):
+    """A USD amount as written, for the domain to check (0 is a valid limit)."""
+
+    name = "usd"
+
+    def convert(self, value: object, param: object, ctx: object) -> Decimal:
+        """Parse ``value`` as a Decimal amount."""
+        try:
+            return Decimal(str(value))
+        except InvalidOperation:
+            self.fail(f"{value!r} is not an amount in USD")
+
+
+class ModelIds(click.ParamType):
+    """A comma-separated list of model ids."""
+
+    name = "models"
+
+    def convert(self, value: object, param: object, ctx: object) -> list[str]:
+        """Split ``value`` at commas, dropping blanks."""
+        if isinstance(value, list):
+            return value
+        return [model_id.strip() for model_id in str(value).split(",") if model_id.strip()]
+
+
 @contextmanager
 def operator_errors() -> Iterator[None]:
     """Turn the domain's refusals into one line on stderr and exit status 1."""
     try:
         yield
-    except (AccountNotFound, AccountExists, KeyNotFound, IdempotencyConflict) as error:
+    except (
+        AccountNotFound,
+        AccountExists,
+        KeyNotFound,
+        IdempotencyConflict,
+        InvalidKeyLimits,
+    ) as error:
         raise click.ClickException(str(error)) from None
 
 
@@ -121,10 +152,16 @@ def grant_command(email: str, amount: Decimal, idempotency_key: str | None) -> N
 @keys_cli.command("create")
 @click.argument("email")
 @click.option("--name", required=True, help="A name to recognise the key by.")
-def create_key_command(email: str, name: str) -> None:
+@click.option("--models", type=ModelIds(), help="Comma-separated model ids the key may use.")
+@click.option("--monthly-limit", type=UsdLimit(), help="USD the key may spend per month (UTC).")
+def create_key_command(
+    email: str, name: str, models: list[str] | None, monthly_limit: Decimal | None
+) -> None:
     """Issue a key for EMAIL; its value is printed once, alone on the last line."""
     with operator_errors():
-        issued = keys.create_key(email=email, name=name)
+        issued = keys.create_key(
+            email=email, name=name, permitted_models=models, monthly_limit=monthly_limit
+        )
     click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email}")
     click.echo(issued.value)
 
@@ -160,15 +197,17 @@ def delete_key_command(key_id: int) -> None:
 @keys_cli.command("list")
 @click.argument("email")
 def list_keys_command(email: str) -> None:
-    """List the keys of EMAIL: id, name, display prefix, state, created, last used."""
+    """List the keys of EMAIL: id, name, prefix, state, created, last used, models, limit."""
     with operator_errors():
         rows = keys.list_keys(email)
-    click.echo("id\tname\tprefix\tstate\tcreated\tlast_used")
+    click.echo("id\tname\tprefix\tstate\tcreated\tlast_used\tmodels\tmonthly_limit")
     for key in rows:
         last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
+        models = ",".join(key.permitted_models) if key.permitted_models is not None else "all"
+        limit = f"${key.monthly_limit:f}" if key.monthly_limit is not None else "none"
         click.echo(
             f"{key.id}\t{key.name}\t{key.display_prefix}...\t{key.state}\t"
-            f"{key.created_at.isoformat()}\t{last_used}"
+            f"{key.created_at.isoformat()}\t{last_used}\t{models}\t{limit}"
         )
 
 

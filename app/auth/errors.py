@@ -27,3 +27,7 @@ class KeyRevoked(APIError):
 
 class KeyNotFound(LookupError):
     """No key has the given id (operator commands)."""
+
+
+class InvalidKeyLimits(ValueError):
+    """A key's permitted models or monthly limit cannot be set; the message says why."""

@@ -3,6 +3,9 @@
 A key reads ``sk-gw-`` + 43 base62 characters (256 random bits from ``secrets``) + a
 6-character base62 CRC32 of them. The fixed prefix lets secret scanners recognise a leaked
 key; the checksum lets a mistyped or made-up key be refused before any database read.
+
+A key may be limited to some of the served models and to a monthly spend in USD; the
+ledger enforces the spend limit in the hold's transaction (see ``app.credits.ledger``).
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import secrets
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, select, update
 
-from app.auth.errors import KeyNotFound
+from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.auth.models import ACTIVE, REVOKED, ApiKey
+from app.catalog.registry import current_catalog
+from app.completions.models import Generation
 from app.credits.accounts import find_account_or_raise
+from app.credits.ledger import month_start, spend_month
 from app.database import BoundStatement, utcnow
 from app.extensions import db
 
@@ -29,10 +36,19 @@ KEY_LENGTH = len(KEY_PREFIX) + BODY_LENGTH + CHECKSUM_LENGTH
 DISPLAY_LENGTH = len(KEY_PREFIX) + 6
 _ALPHABET_SET = frozenset(ALPHABET)
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+LIMIT_DECIMAL_PLACES = 6
+LIMIT_QUANTUM = Decimal(1).scaleb(-LIMIT_DECIMAL_PLACES)
+# Money is stored as a 64-bit count of 1e-10 USD; a limit stays well within it.
+MAX_MONTHLY_LIMIT = Decimal(100_000_000)
 _keys = ApiKey.__table__
-_FIND_CALLER = select(_keys.c.id, _keys.c.account_id, _keys.c.state, _keys.c.last_used_at).where(
-    _keys.c.digest == bindparam("digest")
-)
+_FIND_CALLER = select(
+    _keys.c.id,
+    _keys.c.account_id,
+    _keys.c.state,
+    _keys.c.last_used_at,
+    _keys.c.permitted_models,
+    _keys.c.monthly_limit,
+).where(_keys.c.digest == bindparam("digest"))
 _TOUCH_KEY = (
     update(_keys).where(_keys.c.id == bindparam("key_id")).values(last_used_at=bindparam("now"))
 )
@@ -46,6 +62,12 @@ class Caller:
     account_id: int
     state: str
     last_used_at: datetime | None = None
+    permitted_models: frozenset[str] | None = None
+    monthly_limit: Decimal | None = None
+
+    def may_use(self, model_id: str) -> bool:
+        """Return whether this key may call the model ``model_id``."""
+        return self.permitted_models is None or model_id in self.permitted_models
 
 
 @dataclass(frozen=True)
@@ -103,7 +125,12 @@ def find_caller(raw: str | None) -> Caller | None:
     if row is None:
         return None
     return Caller(
-        key_id=row.id, account_id=row.account_id, state=row.state, last_used_at=row.last_used_at
+        key_id=row.id,
+        account_id=row.account_id,
+        state=row.state,
+        last_used_at=row.last_used_at,
+        permitted_models=None if row.permitted_models is None else frozenset(row.permitted_models),
+        monthly_limit=row.monthly_limit,
     )
 
 
@@ -114,8 +141,20 @@ def _find_key_or_raise(key_id: int) -> ApiKey:
     return key
 
 
-def create_key(*, email: str, name: str) -> IssuedKey:
-    """Issue a new active key for the account with ``email``; raise AccountNotFound."""
+def create_key(
+    *,
+    email: str,
+    name: str,
+    permitted_models: list[str] | None = None,
+    monthly_limit: Decimal | None = None,
+) -> IssuedKey:
+    """Issue a new active key for the account with ``email``, optionally limited.
+
+    :raise AccountNotFound: no account has ``email``.
+    :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    """
+    models = checked_permitted_models(permitted_models)
+    limit = checked_monthly_limit(monthly_limit)
     account = find_account_or_raise(email)
     value = generate_key()
     key = ApiKey(
@@ -124,10 +163,94 @@ def create_key(*, email: str, name: str) -> IssuedKey:
         digest=digest_key(value),
         display_prefix=value[:DISPLAY_LENGTH],
         state=ACTIVE,
+        permitted_models=models,
+        monthly_limit=limit,
+        spend_month=spend_month(utcnow()),
+        month_spent=Decimal(0),
+        month_reserved=Decimal(0),
     )
     db.session.add(key)
     db.session.commit()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
+
+
+def update_key_limits(
+    key_id: int, *, permitted_models: list[str] | None, monthly_limit: Decimal | None
+) -> ApiKey:
+    """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
+
+    The key's spend this month is recounted from its generations, so a limit set in the
+    middle of a month counts what was already spent.
+
+    :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    :raise KeyNotFound: no key has ``key_id``.
+    """
+    models = checked_permitted_models(permitted_models)
+    limit = checked_monthly_limit(monthly_limit)
+    key = db.session.scalar(select(ApiKey).where(ApiKey.id == key_id).with_for_update())
+    if key is None:
+        db.session.rollback()
+        raise KeyNotFound(f"no API key with id {key_id}")
+    now = utcnow()
+    key.permitted_models = models
+    key.monthly_limit = limit
+    key.month_spent = _spent_since(key_id, month_start(now))
+    key.spend_month = spend_month(now)
+    db.session.commit()
+    return key
+
+
+def checked_permitted_models(permitted_models: list[str] | None) -> list[str] | None:
+    """Return the model ids without repeats; raise InvalidKeyLimits unless all are served."""
+    if permitted_models is None:
+        return None
+    if isinstance(permitted_models, str) or not all(
+        isinstance(model_id, str) for model_id in permitted_models
+    ):
+        raise InvalidKeyLimits("permitted models must be a list of model ids")
+    models = list(dict.fromkeys(permitted_models))
+    if not models:
+        raise InvalidKeyLimits("permitted models must name at least one model")
+    served = current_catalog().models
+    if unknown := [model_id for model_id in models if model_id not in served]:
+        raise InvalidKeyLimits(f"unknown model id {unknown[0]!r}: not in the served catalog")
+    return models
+
+
+def checked_monthly_limit(monthly_limit: Decimal | None) -> Decimal | None:
+    """Return the limit if it is a valid USD amount; raise InvalidKeyLimits otherwise."""
+    if monthly_limit is None:
+        return None
+    if isinstance(monthly_limit, bool) or not isinstance(monthly_limit, Decimal | int):
+        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
+    limit = Decimal(monthly_limit)
+    if not limit.is_finite():
+        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
+    if limit < 0:
+        raise InvalidKeyLimits(f"the monthly limit must not be negative: {limit}")
+    if limit > MAX_MONTHLY_LIMIT:
+        raise InvalidKeyLimits(f"the monthly limit must be at most {MAX_MONTHLY_LIMIT} USD")
+    if limit != limit.quantize(LIMIT_QUANTUM):
+        raise InvalidKeyLimits(
+            f"the monthly limit has more than {LIMIT_DECIMAL_PLACES} decimal places: {limit}"
+        )
+    return limit
+
+
+def key_spend(key_id: int, *, since: datetime) -> Decimal:
+    """Return what the generations of key ``key_id`` were charged since ``since``."""
+    spent = _spent_since(key_id, since)
+    db.session.commit()
+    return spent
+
+
+def _spent_since(key_id: int, since: datetime) -> Decimal:
+    total = db.session.scalar(
+        select(func.sum(Generation.cost)).where(
+            Generation.api_key_id == key_id, Generation.created_at >= since
+        )
+    )
+    return total if total is not None else Decimal(0)
 
 
 def rotate_key(key_id: int) -> IssuedKey:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, Integer, String
+from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.database import UTCDateTime, utcnow
+from app.database import Money, UTCDateTime, utcnow
 from app.extensions import db
 
 ACTIVE = "active"
@@ -13,7 +13,14 @@ REVOKED = "revoked"
 
 
 class ApiKey(db.Model):
-    """A named key of an account; deleting it removes the row."""
+    """A named key of an account; deleting it removes the row.
+
+    A key may be limited to some models (``permitted_models``; None permits every model)
+    and to a monthly spend in USD (``monthly_limit``; None is no limit). For a limited
+    key, ``month_spent`` is what it was charged in ``spend_month`` (``YYYYMM``, UTC) and
+    ``month_reserved`` what its open holds set aside: a hold is placed only while
+    spent + reserved + the hold stay within the limit, in the hold's transaction.
+    """
 
     __tablename__ = "api_keys"
 
@@ -29,3 +36,8 @@ class ApiKey(db.Model):
     state: Mapped[str] = mapped_column(String(16), default=ACTIVE)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     last_used_at = mapped_column(UTCDateTime, nullable=True)
+    permitted_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    monthly_limit = mapped_column(Money, nullable=True)
+    spend_month: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    month_spent = mapped_column(Money, nullable=False, default=0, server_default="0")
+    month_reserved = mapped_column(Money, nullable=False, default=0, server_default="0")

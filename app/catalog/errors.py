@@ -24,6 +24,20 @@ class UnknownModel(APIError):
         )
 
 
+class ModelNotPermitted(APIError):
+    """The model is served, but the caller's key may not use it (403)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(
+            f"The model '{model_id}' does not exist or you do not have access to it.",
+            param="model",
+        )
+
+
 class CapabilityMissing(APIError):
     """The request uses a feature (images, tools, ...) the model does not have."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Flask, current_app
 
-from app.catalog.errors import CatalogError, UnknownModel
+from app.catalog.errors import CatalogError, ModelNotPermitted, UnknownModel
 from app.credits.pricing import Pricing
 from app.providers import ADAPTERS
 from app.providers.base import Adapter, RouteTarget, UpstreamConfig
@@ -61,6 +61,10 @@ class Model:
         }
 
 
+def _every_model(model_id: str) -> bool:
+    return True
+
+
 @dataclass
 class Catalog:
     """The enabled, routable models by id."""
@@ -68,16 +72,22 @@ class Catalog:
     path: str
     models: dict[str, Model] = field(default_factory=dict)
 
-    def resolve(self, model_id: str) -> Model:
-        """Return the model served under ``model_id``; raise UnknownModel otherwise."""
+    def resolve(self, model_id: str, *, may_use: Callable[[str], bool] = _every_model) -> Model:
+        """Return the model served under ``model_id`` if ``may_use`` permits it.
+
+        :raise UnknownModel: no model is served under ``model_id`` (400).
+        :raise ModelNotPermitted: the caller may not use it (403).
+        """
         model = self.models.get(model_id) if isinstance(model_id, str) else None
         if model is None:
             raise UnknownModel(model_id)
+        if not may_use(model_id):
+            raise ModelNotPermitted(model_id)
         return model
 
-    def list(self) -> list[Model]:
-        """Every served model, in catalog order."""
-        return list(self.models.values())
+    def list(self, *, may_use: Callable[[str], bool] = _every_model) -> list[Model]:
+        """Every served model that ``may_use`` permits, in catalog order."""
+        return [model for model in self.models.values() if may_use(model.id)]
 
 
 def load_catalog(path: str | Path) -> Catalog:

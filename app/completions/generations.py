@@ -23,6 +23,7 @@ from app.completions.models import Generation as GenerationRecord
 from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
     HeldCredit,
+    MonthlyLimitShortfall,
     Shortfall,
     extend_hold,
     place_hold,
@@ -90,8 +91,13 @@ def start_generation(
     worst = worst_case_cost(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=model.pricing
     )
-    held = place_hold(account_id=caller.account_id, amount=worst, ttl_seconds=hold_ttl_seconds)
-    if isinstance(held, Shortfall):
+    held = place_hold(
+        account_id=caller.account_id,
+        amount=worst,
+        ttl_seconds=hold_ttl_seconds,
+        key_id=caller.key_id if caller.monthly_limit is not None else None,
+    )
+    if isinstance(held, Shortfall | MonthlyLimitShortfall):
         raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
     return Generation(
         id="chatcmpl-" + secrets.token_hex(12),
@@ -138,15 +144,21 @@ def _refuse_images(request: ChatRequest, model: Model) -> None:
 
 
 def insufficient_credits(
-    shortfall: Shortfall, *, model: Model, request: ChatRequest, prompt_tokens: int
+    shortfall: Shortfall | MonthlyLimitShortfall,
+    *,
+    model: Model,
+    request: ChatRequest,
+    prompt_tokens: int,
 ) -> InsufficientCredits:
-    """Explain a refused hold, with the largest max_tokens the balance would cover."""
+    """Explain a refused hold, with the largest max_tokens the balance (or key) would cover."""
     affordable = (
         affordable_completion_tokens(
             budget=shortfall.available, prompt_tokens=prompt_tokens, pricing=model.pricing
         )
         // request.choice_count
     )
+    if isinstance(shortfall, MonthlyLimitShortfall):
+        return InsufficientCredits(_monthly_limit_message(shortfall, affordable))
     message = (
         f"Insufficient credits: this request may cost up to ${shortfall.requested:f} "
         f"but the available balance is ${max(shortfall.available, Decimal(0)):f}."
@@ -156,6 +168,17 @@ def insufficient_credits(
     else:
         message += " Add credits to continue."
     return InsufficientCredits(message)
+
+
+def _monthly_limit_message(shortfall: MonthlyLimitShortfall, affordable: int) -> str:
+    message = (
+        f"Insufficient credits under this API key's monthly limit of "
+        f"${shortfall.monthly_limit:f}: this request may cost up to ${shortfall.requested:f} "
+        f"but the key has ${shortfall.available:f} left this month (UTC)."
+    )
+    if affordable > 0:
+        return message + f" Set max_tokens to at most {affordable}, or raise the key's limit."
+    return message + " Raise the key's limit or wait for the next month."
 
 
 def run_completion(generation: Generation) -> dict[str, Any]:

@@ -22,7 +22,7 @@ bp = Blueprint("completions", __name__)
 def create_chat_completion() -> Response:
     """Generate a chat completion, whole or streamed, paid from the caller's credits."""
     chat_request = parse_chat_request(json_body(request))
-    model = current_catalog().resolve(chat_request.model)
+    model = current_catalog().resolve(chat_request.model, may_use=g.caller.may_use)
     generation = start_generation(
         caller=g.caller,
         model=model,

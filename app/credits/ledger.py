@@ -4,6 +4,12 @@ The invariants: an account's ``balance`` equals the sum of its ledger entries; i
 ``reserved`` equals the sum of its open holds; ``balance - reserved`` never goes below
 zero. Every change to a balance is a conditional UPDATE plus a ledger INSERT committed
 together, so concurrent requests cannot overspend and no charge is lost or doubled.
+
+A key with a monthly limit is held to it the same way: its hold's transaction also
+reserves the amount on the key's row, under the condition that the month's spend plus
+what the key's open holds reserve stays within the limit, and settlement moves the
+reservation to the month's spend. Statements take the account's row before the key's,
+so that two transactions never wait on each other's rows.
 """
 
 from __future__ import annotations
@@ -11,12 +17,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, case, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from app.auth.models import ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import BoundStatement, Money, utcnow
@@ -30,7 +37,11 @@ OPEN, SETTLED, EXPIRED = "open", "settled", "expired"
 # The statements of the hot path are built once: constructing a statement costs more CPU
 # than executing it (about 0.15 ms each), and a prebuilt one's cache key is memoized.
 _accounts, _holds, _entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
+_keys = ApiKey.__table__
 _amount = bindparam("amount", type_=Money())
+_month = bindparam("month")
+# What the key spent in the request's month: a new month starts from zero.
+_month_spent = case((_keys.c.spend_month == _month, _keys.c.month_spent), else_=0)
 _RESERVE = (
     update(_accounts)
     .where(
@@ -47,6 +58,35 @@ _DEBIT = (
         reserved=_accounts.c.reserved - bindparam("released", type_=Money()),
     )
 )
+_RESERVE_ON_KEY = (
+    update(_keys)
+    .where(
+        _keys.c.id == bindparam("key_id"),
+        or_(
+            _keys.c.monthly_limit.is_(None),
+            _month_spent + _keys.c.month_reserved + _amount <= _keys.c.monthly_limit,
+        ),
+    )
+    .values(
+        month_spent=_month_spent,
+        spend_month=_month,
+        month_reserved=_keys.c.month_reserved + _amount,
+    )
+)
+_SPEND_ON_KEY = (
+    update(_keys)
+    .where(_keys.c.id == bindparam("key_id"))
+    .values(
+        month_spent=_month_spent + bindparam("charge", type_=Money()),
+        spend_month=_month,
+        month_reserved=_keys.c.month_reserved - bindparam("released", type_=Money()),
+    )
+)
+_RELEASE_ON_KEY = (
+    update(_keys)
+    .where(_keys.c.id == bindparam("key_id"))
+    .values(month_reserved=_keys.c.month_reserved - _amount)
+)
 _INSERT_HOLD = insert(_holds)
 _CLOSE_HOLD = (
     update(_holds)
@@ -58,11 +98,12 @@ _INSERT_ENTRY = insert(_entries)
 
 @dataclass(frozen=True)
 class HeldCredit:
-    """An open hold: credit set aside for one request."""
+    """An open hold: credit set aside for one request (and on ``key_id``'s allowance)."""
 
     id: str
     account_id: int
     amount: Decimal
+    key_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +112,25 @@ class Shortfall:
 
     requested: Decimal
     available: Decimal
+
+
+@dataclass(frozen=True)
+class MonthlyLimitShortfall:
+    """Why a hold could not be placed: the key's monthly limit, not the balance."""
+
+    requested: Decimal
+    available: Decimal
+    monthly_limit: Decimal
+
+
+def spend_month(moment: datetime) -> int:
+    """Return the calendar month (UTC) that ``moment`` falls in, as ``YYYYMM``."""
+    return moment.year * 100 + moment.month
+
+
+def month_start(moment: datetime) -> datetime:
+    """Return the first instant of the calendar month (UTC) that ``moment`` falls in."""
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
 def grant_credits(
@@ -128,39 +188,71 @@ def _same_grant_or_raise(entry: LedgerEntry, amount: Decimal) -> LedgerEntry:
     return entry
 
 
-def place_hold(*, account_id: int, amount: Decimal, ttl_seconds: int) -> HeldCredit | Shortfall:
-    """Set ``amount`` aside for a request, or return the Shortfall if it cannot be covered.
+_BALANCE_SHORT, _KEY_LIMIT_REACHED = "balance", "key limit"
 
-    Holds left behind by dead workers are released first when they stand in the way.
+
+def place_hold(
+    *, account_id: int, amount: Decimal, ttl_seconds: int, key_id: int | None = None
+) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
+    """Set ``amount`` aside for a request, or return why it cannot be covered.
+
+    With ``key_id`` (a key with a monthly limit) the amount is also reserved on the
+    key's allowance for the month, in the same transaction. Holds left behind by dead
+    workers are released first when they stand in the way.
     """
-    hold = _try_place_hold(account_id, amount, ttl_seconds)
-    if hold is None and release_expired_holds(account_id=account_id):
-        hold = _try_place_hold(account_id, amount, ttl_seconds)
-    if hold is None:
+    held = _try_place_hold(account_id, amount, ttl_seconds, key_id)
+    if not isinstance(held, HeldCredit) and release_expired_holds(account_id=account_id):
+        held = _try_place_hold(account_id, amount, ttl_seconds, key_id)
+    if held == _BALANCE_SHORT:
         return Shortfall(requested=amount, available=available_balance(account_id))
-    return hold
+    if held == _KEY_LIMIT_REACHED:
+        return _monthly_limit_shortfall(key_id, amount)
+    return held
 
 
-def _try_place_hold(account_id: int, amount: Decimal, ttl_seconds: int) -> HeldCredit | None:
+def _try_place_hold(
+    account_id: int, amount: Decimal, ttl_seconds: int, key_id: int | None
+) -> HeldCredit | str:
     reserved = db.session.execute(_RESERVE, {"account_id": account_id, "amount": amount})
     if reserved.rowcount != 1:
         db.session.rollback()
-        return None
-    hold_id = secrets.token_hex(16)
+        return _BALANCE_SHORT
     now = utcnow()
+    if key_id is not None:
+        on_key = db.session.execute(
+            _RESERVE_ON_KEY, {"key_id": key_id, "amount": amount, "month": spend_month(now)}
+        )
+        if on_key.rowcount != 1:
+            db.session.rollback()
+            return _KEY_LIMIT_REACHED
+    hold_id = secrets.token_hex(16)
     db.session.execute(
         _INSERT_HOLD,
         {
             "id": hold_id,
             "account_id": account_id,
             "amount": amount,
+            "api_key_id": key_id,
             "status": OPEN,
             "created_at": now,
             "expires_at": now + timedelta(seconds=ttl_seconds),
         },
     )
     db.session.commit()
-    return HeldCredit(id=hold_id, account_id=account_id, amount=amount)
+    return HeldCredit(id=hold_id, account_id=account_id, amount=amount, key_id=key_id)
+
+
+def _monthly_limit_shortfall(key_id: int, amount: Decimal) -> MonthlyLimitShortfall:
+    key = db.session.execute(
+        select(_keys.c.monthly_limit, _month_spent.label("spent"), _keys.c.month_reserved).where(
+            _keys.c.id == key_id
+        ),
+        {"month": spend_month(utcnow())},
+    ).one()
+    db.session.commit()
+    limit = key.monthly_limit or Decimal(0)
+    available = max(limit - key.spent - key.month_reserved, Decimal(0))
+    return MonthlyLimitShortfall(requested=amount, available=available, monthly_limit=limit)
 
 
 def available_balance(account_id: int) -> Decimal:
@@ -183,7 +275,8 @@ def settle_hold(
 
     ``records(charge)`` gives the statements (with their parameters) that must be
     committed with the charge or not at all: the generation record, the key's last use.
-    A hold that expired meanwhile is charged from the balance, never below zero.
+    A hold that expired meanwhile is charged from the balance, never below zero. A hold
+    placed on a key's monthly allowance moves from the key's reservation to its spend.
     """
     released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
     if released.rowcount == 1:
@@ -197,6 +290,16 @@ def settle_hold(
         _DEBIT,
         {"account_id": hold.account_id, "charge": charge, "released": reserved_change},
     )
+    if hold.key_id is not None:
+        db.session.execute(
+            _SPEND_ON_KEY,
+            {
+                "key_id": hold.key_id,
+                "charge": charge,
+                "released": reserved_change,
+                "month": spend_month(utcnow()),
+            },
+        )
     if charge > 0:
         db.session.execute(
             _INSERT_ENTRY,
@@ -235,7 +338,7 @@ def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:
 
 def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:
     """Release open holds past their expiry (their worker died); return how many."""
-    query = select(Hold.id, Hold.account_id, Hold.amount).where(
+    query = select(Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id).where(
         Hold.status == OPEN, Hold.expires_at < utcnow()
     )
     if account_id is not None:
@@ -244,16 +347,18 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
     db.session.commit()
     released = 0
     for row in expired:
-        released += _expire_hold(row.id, row.account_id, row.amount)
+        released += _expire_hold(row.id, row.account_id, row.amount, row.api_key_id)
     return released
 
 
-def _expire_hold(hold_id: str, account_id: int, amount: Decimal) -> int:
+def _expire_hold(hold_id: str, account_id: int, amount: Decimal, key_id: int | None) -> int:
     result = db.session.execute(_CLOSE_HOLD, {"hold_id": hold_id, "status": EXPIRED})
     if result.rowcount != 1:
         db.session.rollback()
         return 0
     db.session.execute(_DEBIT, {"account_id": account_id, "charge": 0, "released": amount})
+    if key_id is not None:
+        db.session.execute(_RELEASE_ON_KEY, {"key_id": key_id, "amount": amount})
     db.session.commit()
     return 1
 

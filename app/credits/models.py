@@ -57,7 +57,9 @@ class Hold(db.Model):
 
     A hold is open until the request settles (``settled``) or until it expires because
     the worker serving it died (``expired``); only open holds count in
-    ``Account.reserved``.
+    ``Account.reserved``. ``api_key_id`` names the limited key the hold also reserved
+    against (see ``ApiKey``), so that settling or expiring it releases that too; it is no
+    foreign key, since holds outlive the keys they were placed with.
     """
 
     __tablename__ = "holds"
@@ -66,6 +68,7 @@ class Hold(db.Model):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
     amount = mapped_column(Money, nullable=False)
+    api_key_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="open")
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     expires_at = mapped_column(UTCDateTime, nullable=False)

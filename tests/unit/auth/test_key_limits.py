@@ -1,0 +1,130 @@
+"""Per-key limits: which models a key may use and what it may spend a month."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import insert
+
+from app.auth.errors import InvalidKeyLimits, KeyNotFound
+from app.auth.keys import create_key, find_caller, key_spend, update_key_limits
+from app.auth.models import ApiKey
+from app.completions.models import Generation
+from app.database import utcnow
+from app.extensions import db
+from tests.factories import AccountFactory
+
+
+def record_generation(account_id: int, key_id: int, cost: str, created_at) -> None:
+    db.session.execute(
+        insert(Generation),
+        {
+            "id": f"gen-{key_id}-{created_at.timestamp()}-{cost}",
+            "account_id": account_id,
+            "api_key_id": key_id,
+            "model": "dev-chat",
+            "cost": Decimal(cost),
+            "status": "completed",
+            "created_at": created_at,
+        },
+    )
+    db.session.commit()
+
+
+def test_a_new_key_is_unlimited_by_default(app_context):
+    account = AccountFactory.create()
+    issued = create_key(email=account.email, name="plain")
+    caller = find_caller(issued.value)
+    assert caller.permitted_models is None and caller.monthly_limit is None
+    assert caller.may_use("dev-chat") and caller.may_use("dev-slow")
+
+
+def test_a_key_limited_at_creation_may_use_only_its_models(app_context):
+    account = AccountFactory.create()
+    issued = create_key(
+        email=account.email,
+        name="limited",
+        permitted_models=["dev-chat-mini", "dev-chat-mini"],
+        monthly_limit=Decimal("0.000010"),
+    )
+    key = db.session.get(ApiKey, issued.id)
+    assert key.permitted_models == ["dev-chat-mini"]
+    assert key.monthly_limit == Decimal("0.00001")
+    caller = find_caller(issued.value)
+    assert caller.may_use("dev-chat-mini") and not caller.may_use("dev-chat")
+    assert caller.monthly_limit == Decimal("0.00001")
+
+
+@pytest.mark.parametrize(
+    ("models", "limit", "problem"),
+    [
+        (["dev-chat", "gpt-nonexistent"], None, "unknown model id 'gpt-nonexistent'"),
+        (["dev-hidden"], None, "unknown model id 'dev-hidden'"),
+        ([], None, "at least one model"),
+        ("dev-chat", None, "a list of model ids"),
+        (None, Decimal("-0.01"), "must not be negative"),
+        (None, Decimal("0.0000001"), "more than 6 decimal places"),
+        (None, Decimal("NaN"), "an amount in USD"),
+        (None, 1.5, "an amount in USD"),
+        (None, Decimal("1e9"), "at most"),
+    ],
+)
+def test_invalid_limits_are_refused_and_nothing_is_written(app_context, models, limit, problem):
+    account = AccountFactory.create()
+    with pytest.raises(InvalidKeyLimits, match=problem):
+        create_key(email=account.email, name="bad", permitted_models=models, monthly_limit=limit)
+    assert db.session.query(ApiKey).filter_by(account_id=account.id).count() == 0
+    issued = create_key(email=account.email, name="good")
+    with pytest.raises(InvalidKeyLimits, match=problem):
+        update_key_limits(issued.id, permitted_models=models, monthly_limit=limit)
+    db.session.expire_all()
+    key = db.session.get(ApiKey, issued.id)
+    assert key.permitted_models is None and key.monthly_limit is None
+
+
+@pytest.mark.parametrize("limit", [Decimal(0), Decimal("0.000010"), Decimal("12.5"), 3])
+def test_zero_and_six_decimal_limits_are_valid(app_context, limit):
+    account = AccountFactory.create()
+    issued = create_key(email=account.email, name="k", monthly_limit=limit)
+    assert db.session.get(ApiKey, issued.id).monthly_limit == Decimal(limit)
+
+
+def test_update_key_limits_sets_and_clears_them(app_context):
+    account = AccountFactory.create()
+    issued = create_key(email=account.email, name="k")
+    key = update_key_limits(issued.id, permitted_models=["dev-chat"], monthly_limit=Decimal("2"))
+    assert key.permitted_models == ["dev-chat"] and key.monthly_limit == Decimal("2")
+    assert find_caller(issued.value).may_use("dev-chat-mini") is False
+    update_key_limits(issued.id, permitted_models=None, monthly_limit=None)
+    caller = find_caller(issued.value)
+    assert caller.permitted_models is None and caller.monthly_limit is None
+
+
+def test_update_key_limits_of_an_unknown_key_raises(app_context):
+    with pytest.raises(KeyNotFound):
+        update_key_limits(10**9, permitted_models=None, monthly_limit=Decimal("1"))
+
+
+def test_key_spend_sums_the_keys_charges_since_a_moment(app_context):
+    account = AccountFactory.create()
+    issued = create_key(email=account.email, name="k")
+    other = create_key(email=account.email, name="other")
+    now = utcnow()
+    record_generation(account.id, issued.id, "0.25", now - timedelta(days=40))
+    record_generation(account.id, issued.id, "0.0000000001", now - timedelta(minutes=1))
+    record_generation(account.id, issued.id, "1.5", now)
+    record_generation(account.id, other.id, "7", now)
+    assert key_spend(issued.id, since=now - timedelta(days=1)) == Decimal("1.5000000001")
+    assert key_spend(issued.id, since=now - timedelta(days=60)) == Decimal("1.7500000001")
+    assert key_spend(issued.id, since=now + timedelta(seconds=1)) == 0
+
+
+def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):
+    account = AccountFactory.create()
+    issued = create_key(email=account.email, name="k")
+    now = utcnow()
+    record_generation(account.id, issued.id, "0.4", now)
+    key = update_key_limits(issued.id, permitted_models=None, monthly_limit=Decimal("1"))
+    assert key.month_spent == Decimal("0.4")
