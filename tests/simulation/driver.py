@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import bindparam, func, select, type_coerce, update
+from sqlalchemy import bindparam, case, func, select, type_coerce, update
 
 from app.auth import keys
-from app.auth.models import ACTIVE
+from app.auth.models import ACTIVE, ApiKey
 from app.catalog.registry import Model, Route
 from app.completions import generations
 from app.completions.generations import Generation
@@ -155,6 +155,11 @@ def delete_key(key_id: int) -> None:
     keys.delete_key(key_id)
 
 
+def set_monthly_limit(key_id: int, limit: Decimal | None) -> None:
+    """Set (or with None, lift) the key's monthly spend limit; every model stays permitted."""
+    keys.update_key_limits(key_id, permitted_models=None, monthly_limit=limit)
+
+
 def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) -> ChatRequest:
     """The request of simulated request ``number``, which the upstream plays by its script."""
     return ChatRequest(
@@ -287,6 +292,43 @@ def account_states(account_ids: list[int]) -> dict[int, AccountState]:
     return {account_id: AccountState(*sums) for account_id, *sums in rows}
 
 
+@dataclass(frozen=True)
+class KeyState:
+    """A key's monthly limit and reservation, beside what it spent and holds this month."""
+
+    monthly_limit: Decimal | None
+    reserved: Decimal
+    open_holds_sum: Decimal
+    spent_this_month: Decimal
+
+
+_KEY_IDS = bindparam("key_ids", expanding=True)
+_open_on_key = (
+    select(func.coalesce(func.sum(Hold.amount), 0))
+    .where(Hold.api_key_id == ApiKey.id, Hold.status == ledger.OPEN)
+    .scalar_subquery()
+)
+_KEY_STATES = select(
+    ApiKey.id, ApiKey.monthly_limit, ApiKey.month_reserved, type_coerce(_open_on_key, Money())
+).where(ApiKey.id.in_(_KEY_IDS))
+
+
+def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
+    """Each key's limit and reservation, its allowance's open holds, its spend this month."""
+    rows = db.session.execute(_KEY_STATES, {"key_ids": key_ids}).all()
+    db.session.commit()
+    since = ledger.month_start(now)
+    return {
+        key_id: KeyState(
+            monthly_limit=limit,
+            reserved=reserved,
+            open_holds_sum=held,
+            spent_this_month=Decimal(0) if limit is None else keys.key_spend(key_id, since=since),
+        )
+        for key_id, limit, reserved, held in rows
+    }
+
+
 def open_holds(account_ids: list[int]) -> list[OpenHold]:
     """The open holds of the accounts."""
     rows = db.session.execute(_OPEN_HOLDS, {"account_ids": account_ids}).all()
@@ -367,3 +409,21 @@ def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
         return settle(hold, cost=hold.amount if cost else cost, **kwargs)
 
     monkeypatch.setattr(generations, "settle_hold", settle_the_hold)
+
+
+def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a key's hold is placed whatever its monthly limit."""
+    api_keys = ApiKey.__table__
+    month = bindparam("month")
+    spent = case((api_keys.c.spend_month == month, api_keys.c.month_spent), else_=0)
+    monkeypatch.setattr(
+        ledger,
+        "_RESERVE_ON_KEY",
+        update(api_keys)
+        .where(api_keys.c.id == bindparam("key_id"))
+        .values(
+            month_spent=spent,
+            spend_month=month,
+            month_reserved=api_keys.c.month_reserved + bindparam("amount", type_=Money()),
+        ),
+    )

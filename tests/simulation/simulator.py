@@ -36,8 +36,9 @@ NEW, OPEN, STREAMING, ENDED, DEAD, REFUSED = "new", "open", "streaming", "ended"
 LIVE = (OPEN, STREAMING)
 WORKERS = 3
 SCHEDULE_SHOWN = 40
-# The audit re-reads every account and generation: it runs every AUDIT_EVERY steps and at
-# the end, while the per-step checks cover the same balances for the simulated accounts.
+# The audit re-reads every account and generation: it runs every AUDIT_EVERY steps (or
+# every 1% of a longer run) and at the end, while the per-step checks cover the same
+# balances for the simulated accounts.
 AUDIT_EVERY = 100
 
 
@@ -67,6 +68,7 @@ class SimKey:
     value: str
     state: str = ACTIVE
     old_values: list[str] = field(default_factory=list)
+    monthly_limit: Decimal | None = None
 
 
 @dataclass
@@ -105,7 +107,8 @@ class SimRequest:
     def name(self) -> str:
         """How the schedule names it."""
         kind = "stream" if self.stream else "whole"
-        return f"r{self.number} ({kind} {self.model.id} a{self.account.index})"
+        key = self.key.name if self.key else "no key"
+        return f"r{self.number} ({kind} {self.model.id} {key})"
 
 
 class Simulation:
@@ -139,6 +142,10 @@ class Simulation:
         self.workers = list(range(WORKERS))
         self.schedule: list[str] = []
         self.step = 0
+        # How far each limited key is past its limit: only lowering the limit may raise it.
+        self.key_excess: dict[str, Decimal] = {}
+        self.audit_every = max(AUDIT_EVERY, steps // 100)
+        self.limit_changed: SimKey | None = None
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
@@ -174,6 +181,7 @@ class Simulation:
             (self.sweep, 2),
             (self.grant, 4),
             (self.change_key, 4),
+            (self.change_limit, 3),
         ]
         if self.live:
             actions += [(self.advance, 45), (self.kill_worker, 1)]
@@ -192,7 +200,8 @@ class Simulation:
             driver.reset_session()
             self.fail([f"{action.__name__} raised {error!r}", traceback.format_exc()])
         self.schedule.append(f"{self.step}: {description}")
-        self.check_invariants(audit=audit or self.step % AUDIT_EVERY == 0)
+        self.check_invariants(audit=audit or self.step % self.audit_every == 0)
+        self.limit_changed = None
 
     def fail(self, problems: list[str]) -> None:
         """Stop the run with the seed, the step, the problems and the schedule."""
@@ -274,8 +283,15 @@ class Simulation:
             max_tokens=request.max_tokens,
         )
         state = driver.account_states([request.account.id])[request.account.id]
-        if state.balance - state.reserved >= worst:
+        if state.balance - state.reserved >= worst and not self.key_short(request.key, worst):
             self.fail([f"{request.name} refused 402 with ${worst} needed and enough available"])
+
+    def key_short(self, key: SimKey | None, amount: Decimal) -> bool:
+        """Whether the key's monthly limit leaves less than ``amount`` this month."""
+        if key is None or key.monthly_limit is None:
+            return False
+        state = driver.key_states([key.id], self.clock.now())[key.id]
+        return key.monthly_limit - state.spent_this_month - state.reserved < amount
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey | None, str, int | None]:
         """A key value to call with, and the refusal it must get (None: it is valid)."""
@@ -534,6 +550,18 @@ class Simulation:
         account.keys.append(key)
         return key
 
+    def change_limit(self) -> str:
+        """The owner sets, changes or lifts a key's monthly limit."""
+        keys = [k for account in self.accounts for k in account.keys if k.state != DELETED]
+        key = self.random.choice(keys)
+        limit = None
+        if self.random.random() < 0.8:
+            limit = self.money(Decimal("0.0005"), Decimal("0.02"))
+        driver.set_monthly_limit(key.id, limit)
+        key.monthly_limit = limit
+        self.limit_changed = key
+        return f"limit key {key.name} to ${limit} a month"
+
     def in_flight(self, key: SimKey) -> bool:
         """Whether a live request was made with ``key``."""
         return any(r.key is key for r in self.live)
@@ -544,7 +572,9 @@ class Simulation:
         """Balances and holds after every step; the audit when ``audit``."""
         ids = [account.id for account in self.accounts]
         problems = list(self.balance_problems(driver.account_states(ids)))
-        problems += self.hold_problems(driver.open_holds(ids))
+        holds = driver.open_holds(ids)
+        problems += self.hold_problems(holds)
+        problems += self.key_problems(holds)
         if audit and not problems:
             problems += self.audit_problems(ids)
         if problems:
@@ -583,6 +613,30 @@ class Simulation:
         for request in self.live:
             if driver.hold_of(request.generation)[0] not in still_open:
                 yield f"{request.name} is running but its hold is no longer open"
+
+    def key_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
+        """A key's reservation is its open holds; its month never passes its limit."""
+        keys = [k for account in self.accounts for k in account.keys if k.state != DELETED]
+        states = driver.key_states([k.id for k in keys], self.clock.now())
+        held: dict[str, Decimal] = {k.name: Decimal(0) for k in keys}
+        for hold in holds:
+            owner = self.hold_owners.get(hold.id)
+            if owner is not None and owner.key is not None and owner.key.name in held:
+                held[owner.key.name] += hold.amount
+        for key in keys:
+            state = states[key.id]
+            if state.reserved != state.open_holds_sum:
+                yield f"key {key.name}: reserved ${state.reserved}, holds ${state.open_holds_sum}"
+            if state.monthly_limit is None:
+                continue
+            total = state.spent_this_month + held[key.name]
+            excess = max(total - state.monthly_limit, Decimal(0))
+            if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
+                yield (
+                    f"key {key.name}: spent ${state.spent_this_month} this month and holds "
+                    f"${held[key.name]}, past its monthly limit of ${state.monthly_limit}"
+                )
+            self.key_excess[key.name] = excess
 
     def drain(self) -> None:
         """Finish every live request, let every dead one's hold expire; nothing may stay open."""

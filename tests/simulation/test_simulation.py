@@ -12,6 +12,9 @@ from tests.simulation import driver
 from tests.simulation.simulator import Faults, Simulation, SimulationFailure
 
 PLANTED_STEPS = 600
+# Runs with a fault the ledger does not survive yet stop at its first violation; the
+# budget leaves room for the schedule to reach it.
+FAULT_STEPS = 2000
 
 
 def test_the_money_path_keeps_its_invariants(app, monkeypatch, seed, steps, schedule_file):
@@ -33,6 +36,13 @@ def test_a_hold_placed_whatever_the_balance_is_caught(disposable_app, monkeypatc
     driver.plant_hold_without_balance_condition(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=1, steps=PLANTED_STEPS)
     with pytest.raises(SimulationFailure, match=r"(?s)seed 1, step \d+.*below zero.*--seed 1"):
+        simulation.run()
+
+
+def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
+    driver.plant_hold_past_the_key_limit(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=1, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 1, step \d+.*past its monthly limit"):
         simulation.run()
 
 
@@ -58,7 +68,7 @@ def test_a_charge_of_the_whole_hold_is_caught(disposable_app, monkeypatch):
 )
 def test_usage_beyond_the_hold_is_charged_up_to_what_the_account_has(disposable_app, monkeypatch):
     faults = Faults(overuse=True)
-    Simulation(disposable_app, monkeypatch, seed=1, steps=PLANTED_STEPS, faults=faults).run()
+    Simulation(disposable_app, monkeypatch, seed=1, steps=FAULT_STEPS, faults=faults).run()
 
 
 @pytest.mark.xfail(
@@ -69,7 +79,7 @@ def test_usage_beyond_the_hold_is_charged_up_to_what_the_account_has(disposable_
 )
 def test_a_key_deleted_while_its_request_runs_does_not_stop_the_charge(disposable_app, monkeypatch):
     faults = Faults(delete_keys_in_flight=True)
-    Simulation(disposable_app, monkeypatch, seed=1, steps=PLANTED_STEPS, faults=faults).run()
+    Simulation(disposable_app, monkeypatch, seed=1, steps=FAULT_STEPS, faults=faults).run()
 
 
 @pytest.mark.xfail(
@@ -80,4 +90,4 @@ def test_a_key_deleted_while_its_request_runs_does_not_stop_the_charge(disposabl
 )
 def test_a_stream_read_slowly_keeps_its_hold(disposable_app, monkeypatch):
     faults = Faults(slow_callers=True)
-    Simulation(disposable_app, monkeypatch, seed=1, steps=PLANTED_STEPS, faults=faults).run()
+    Simulation(disposable_app, monkeypatch, seed=1, steps=FAULT_STEPS, faults=faults).run()
