@@ -13,7 +13,7 @@ from app import create_app
 from tests.conftest import TEST_CATALOG, _fresh_postgres_database
 
 DEFAULT_SEEDS = (1, 2, 3, 4)
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 500
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -242,6 +242,11 @@ def reset_session() -> None:
     db.session.rollback()
 
 
+def end_reads() -> None:
+    """End the transaction the invariants' reads ran in (the reads below leave it open)."""
+    db.session.commit()
+
+
 @dataclass(frozen=True)
 class AccountState:
     """An account's columns beside the sums they must equal."""
@@ -288,7 +293,6 @@ _OPEN_HOLDS = (
 def account_states(account_ids: list[int]) -> dict[int, AccountState]:
     """Each account's balance and reserved, and the sums of its ledger and open holds."""
     rows = db.session.execute(_ACCOUNT_STATES, {"account_ids": account_ids}).all()
-    db.session.commit()
     return {account_id: AccountState(*sums) for account_id, *sums in rows}
 
 
@@ -316,7 +320,6 @@ _KEY_STATES = select(
 def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
     """Each key's limit and reservation, its allowance's open holds, its spend this month."""
     rows = db.session.execute(_KEY_STATES, {"key_ids": key_ids}).all()
-    db.session.commit()
     since = ledger.month_start(now)
     return {
         key_id: KeyState(
@@ -332,14 +335,12 @@ def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
 def open_holds(account_ids: list[int]) -> list[OpenHold]:
     """The open holds of the accounts."""
     rows = db.session.execute(_OPEN_HOLDS, {"account_ids": account_ids}).all()
-    db.session.commit()
     return [OpenHold(*row) for row in rows]
 
 
 def hold_is_open(hold_id: str) -> bool:
     """Whether the hold is still open."""
     status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
-    db.session.commit()
     return status == ledger.OPEN
 
 
@@ -366,7 +367,6 @@ def settlement(generation_id: str) -> Settlement:
             LedgerEntry.generation_id == generation_id, LedgerEntry.kind == ledger.CHARGE
         )
     ).all()
-    db.session.commit()
     return Settlement(records=list(records), charges=[-amount for amount in charges])
 
 

@@ -283,6 +283,7 @@ class Simulation:
             max_tokens=request.max_tokens,
         )
         state = driver.account_states([request.account.id])[request.account.id]
+        driver.end_reads()
         if state.balance - state.reserved >= worst and not self.key_short(request.key, worst):
             self.fail([f"{request.name} refused 402 with ${worst} needed and enough available"])
 
@@ -291,6 +292,7 @@ class Simulation:
         if key is None or key.monthly_limit is None:
             return False
         state = driver.key_states([key.id], self.clock.now())[key.id]
+        driver.end_reads()
         return key.monthly_limit - state.spent_this_month - state.reserved < amount
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey | None, str, int | None]:
@@ -404,6 +406,7 @@ class Simulation:
         available = state.balance - state.reserved
         if driver.hold_is_open(hold_id):
             available += amount
+        driver.end_reads()
         return max(available, Decimal(0))
 
     def end(self, request: SimRequest, cap: Decimal, *, completed: bool, how: str) -> str:
@@ -432,6 +435,7 @@ class Simulation:
     def check_settlement(self, request: SimRequest, usage: Usage, expected: Decimal) -> None:
         """One record and at most one charge, of the expected amount, as the caller was told."""
         settled = driver.settlement(driver.generation_id(request.generation))
+        driver.end_reads()
         problems = []
         if len(settled.records) != 1:
             problems.append(f"{len(settled.records)} generation records")
@@ -575,6 +579,7 @@ class Simulation:
         holds = driver.open_holds(ids)
         problems += self.hold_problems(holds)
         problems += self.key_problems(holds)
+        driver.end_reads()
         if audit and not problems:
             problems += self.audit_problems(ids)
         if problems:
@@ -647,6 +652,7 @@ class Simulation:
         self.step += 1
         self.perform(lambda: self.let_time_pass(self.ttl + 2 * self.sweep_every), audit=True)
         holds = driver.open_holds([account.id for account in self.accounts])
+        driver.end_reads()
         if holds:
             self.fail([f"{len(holds)} holds still open after every request ended"])
         for request in self.requests:
@@ -656,5 +662,6 @@ class Simulation:
     def check_still_settled_once(self, request: SimRequest) -> None:
         """Nothing that ran after a request ended may have charged it again."""
         settled = driver.settlement(driver.generation_id(request.generation))
+        driver.end_reads()
         if len(settled.records) != 1 or sum(settled.charges) != settled.records[0][3]:
             self.fail([f"{request.name} ended with {settled}"])

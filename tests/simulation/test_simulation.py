@@ -23,7 +23,7 @@ def test_the_money_path_keeps_its_invariants(app, monkeypatch, seed, steps, sche
 
 def test_a_seed_replays_its_schedule_exactly(app, monkeypatch):
     def schedule(seed):
-        simulation = Simulation(app, monkeypatch, seed=seed, steps=150)
+        simulation = Simulation(app, monkeypatch, seed=seed, steps=100)
         simulation.run()
         return simulation.schedule
 
