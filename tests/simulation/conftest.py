@@ -10,6 +10,7 @@ from flask import Flask
 from flask_migrate import upgrade
 
 from app import create_app
+from app.extensions import db
 from tests.conftest import TEST_CATALOG, _fresh_postgres_database
 
 DEFAULT_SEEDS = (1, 2, 3, 4)
@@ -48,8 +49,7 @@ def disposable_app(database_url: str, tmp_path) -> Iterator[Flask]:
         app = _migrated_app(url)
         yield app
         with app.app_context():
-            from app.extensions import db
-
+            # Its connections must be closed before the database can be dropped.
             db.engine.dispose()
 
 
