@@ -60,6 +60,8 @@ class Faults:
     # A caller reads its stream slower than the upstream writes: the gateway does not
     # pull, so no read timeout ends the request however long it stalls.
     slow_callers: bool = False
+    # A monthly limit is put on a key while requests it admitted without one still run.
+    limit_keys_in_flight: bool = False
 
 
 @dataclass
@@ -563,6 +565,8 @@ class Simulation:
         limit = None
         if self.random.random() < 0.8:
             limit = self.money(Decimal("0.0005"), Decimal("0.02"))
+        if not self.faults.limit_keys_in_flight and self.in_flight(key):
+            return f"keep the limit of key {key.name}: a request made with it is running"
         driver.set_monthly_limit(key.id, limit)
         key.monthly_limit = limit
         self.limit_changed = key
