@@ -46,7 +46,10 @@ PRICES = {
 
 
 class SimulatedClock:
-    """The time every domain function reads while the simulation runs."""
+    """The time every domain function reads while the simulation runs.
+
+    Only the simulator moves it, by setting ``elapsed`` to the next event's time.
+    """
 
     def __init__(self, start: datetime) -> None:
         self.start = start
@@ -63,10 +66,6 @@ class SimulatedClock:
     def time(self) -> float:
         """The simulated wall clock as a POSIX timestamp."""
         return self.now().timestamp()
-
-    def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass."""
-        self.elapsed += seconds
 
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
