@@ -34,6 +34,13 @@ TEST_CATALOG = str(ROOT / "tests" / "fixtures" / "models.toml")
 DATABASES = ["sqlite"] + (["postgresql"] if os.environ.get("TEST_DATABASE_URL") else [])
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Replay options of the money-path simulation (tests/simulation)."""
+    group = parser.getgroup("simulation", "money-path simulation")
+    group.addoption("--seed", type=int, default=None, help="run the simulation with this seed only")
+    group.addoption("--steps", type=int, default=None, help="steps of each simulation run")
+
+
 @pytest.fixture(scope="session", params=DATABASES)
 def database_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

@@ -1,0 +1,428 @@
+"""The simulation's one coupling to the domain API: every call into app/ goes through here.
+
+When the money path's functions change shape, this module changes and the simulator
+does not. Each function is one thing a worker, the sweeper or an operator does, or one
+read of the database's truth for the invariants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import bindparam, case, func, select, type_coerce, update
+
+from app.auth import keys
+from app.auth.models import ACTIVE, ApiKey
+from app.catalog.registry import Model, Route
+from app.completions import generations
+from app.completions.generations import Generation
+from app.completions.models import Generation as GenerationRecord
+from app.credits import ledger
+from app.credits.accounts import create_account
+from app.credits.audit import audit_ledger
+from app.credits.errors import InsufficientCredits
+from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.pricing import Pricing, cost_of, worst_case_cost
+from app.credits.sweeper import sweep_expired_holds, sweep_interval
+from app.database import Money
+from app.extensions import db
+from app.providers.base import ChatRequest, RouteTarget, Usage
+from tests.simulation.upstream import SCRIPT_FIELD, SimulatedAdapter
+
+UNAUTHORIZED, REVOKED, INSUFFICIENT = 401, 403, 402
+# Models priced far apart, so that holds, charges and shortfalls differ by model.
+PRICES = {
+    "sim-mini": ("0.15", "0.60", "0.075"),
+    "sim-chat": ("0.50", "1.50", "0.05"),
+    "sim-large": ("3", "15", "0.30"),
+}
+
+
+class SimulatedClock:
+    """The time every domain function reads while the simulation runs.
+
+    Only the simulator moves it, by setting ``elapsed`` to the next event's time.
+    """
+
+    def __init__(self, start: datetime) -> None:
+        self.start = start
+        self.elapsed = 0.0
+
+    def now(self) -> datetime:
+        """The simulated wall clock, aware UTC."""
+        return self.start + timedelta(seconds=self.elapsed)
+
+    def monotonic(self) -> float:
+        """Simulated seconds since the start."""
+        return self.elapsed
+
+    def time(self) -> float:
+        """The simulated wall clock as a POSIX timestamp."""
+        return self.now().timestamp()
+
+
+def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
+    """Make the ledger, the generation lifecycle and the keys read ``clock``."""
+    for module in (ledger, generations, keys):
+        monkeypatch.setattr(module, "utcnow", clock.now)
+    monkeypatch.setattr(
+        generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
+    )
+
+
+def simulated_models(adapter: SimulatedAdapter) -> list[Model]:
+    """The models the simulated upstream serves, at PRICES."""
+    models = []
+    for model_id, (prompt, completion, cached) in PRICES.items():
+        target = RouteTarget(upstream_model=model_id, max_output_tokens=1024)
+        models.append(
+            Model(
+                id=model_id,
+                owned_by="simulation",
+                context_length=8192,
+                max_output_tokens=1024,
+                capabilities=frozenset(),
+                pricing=Pricing(
+                    prompt=Decimal(prompt),
+                    completion=Decimal(completion),
+                    cached_read=Decimal(cached),
+                    image=Decimal(0),
+                ),
+                routes=(Route(adapter=adapter, target=target),),
+            )
+        )
+    return models
+
+
+def price(usage: Usage, model: Model) -> Decimal:
+    """What ``usage`` costs at the model's catalog prices."""
+    return cost_of(usage, model.pricing)
+
+
+def worst_case(model: Model, *, prompt_tokens: int, max_tokens: int) -> Decimal:
+    """The most a request can cost: what its hold must cover."""
+    return worst_case_cost(
+        prompt_tokens=prompt_tokens, completion_tokens=max_tokens, pricing=model.pricing
+    )
+
+
+def sweep_period(ttl: int) -> float:
+    """Seconds between two runs of a worker's sweeper."""
+    return sweep_interval(ttl)
+
+
+def open_account(email: str, credits: Decimal) -> int:
+    """Create an account with ``credits``; return its id."""
+    account = create_account(email=email)
+    grant(account.id, credits, idempotency_key=None)
+    return account.id
+
+
+def grant(account_id: int, amount: Decimal, *, idempotency_key: str | None) -> bool:
+    """Grant ``amount``; return whether it was applied (not a repeat of its key)."""
+    _, applied = ledger.grant_credits(
+        account_id=account_id, amount=amount, idempotency_key=idempotency_key
+    )
+    return applied
+
+
+def issue_key(email: str) -> tuple[int, str]:
+    """Issue a key for the account; return its id and value."""
+    issued = keys.create_key(email=email, name="simulated")
+    return issued.id, issued.value
+
+
+def rotate_key(key_id: int) -> str:
+    """Give the key a new value; return it."""
+    return keys.rotate_key(key_id).value
+
+
+def revoke_key(key_id: int) -> None:
+    """Revoke the key."""
+    keys.revoke_key(key_id)
+
+
+def delete_key(key_id: int) -> None:
+    """Delete the key."""
+    keys.delete_key(key_id)
+
+
+def set_monthly_limit(key_id: int, limit: Decimal | None) -> None:
+    """Set (or with None, lift) the key's monthly spend limit; every model stays permitted."""
+    keys.update_key_limits(key_id, permitted_models=None, monthly_limit=limit)
+
+
+def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) -> ChatRequest:
+    """The request of simulated request ``number``, which the upstream plays by its script."""
+    return ChatRequest(
+        model=model.id,
+        messages=[{"role": "user", "content": f"simulated request {number}"}],
+        params={"max_tokens": max_tokens},
+        stream=stream,
+        include_usage=stream and number % 2 == 0,
+        extra={SCRIPT_FIELD: number},
+    )
+
+
+def start(
+    key_value: str, model: Model, request: ChatRequest, clock: SimulatedClock, ttl: int
+) -> Generation | int:
+    """Authenticate as the view does and hold the worst case; or return the refusal's status."""
+    caller = keys.find_caller(key_value)
+    if caller is None or caller.state != ACTIVE:
+        db.session.rollback()
+        return UNAUTHORIZED if caller is None else REVOKED
+    try:
+        generation = generations.start_generation(
+            caller=caller, model=model, request=request, hold_ttl_seconds=ttl
+        )
+    except InsufficientCredits:
+        db.session.rollback()
+        return INSUFFICIENT
+    # The lifecycle's own timestamps must come from the simulated clock too.
+    generation.started = generation.hold_renewed = clock.monotonic()
+    return generation
+
+
+def open_stream(generation: Generation) -> Iterator[dict[str, Any]]:
+    """The chunk bodies of a streamed generation, as the SSE writer pulls them."""
+    return generations.stream_generation(generation)
+
+
+def complete(generation: Generation) -> dict[str, Any]:
+    """Run a whole (non-streamed) generation; return its response body."""
+    return generations.run_completion(generation)
+
+
+def close_stream(stream: Iterator[dict[str, Any]]) -> None:
+    """The server closes the stream's generator: the caller went away, or it is done."""
+    stream.close()  # type: ignore[attr-defined]
+
+
+def bury(generation: Generation) -> None:
+    """The worker serving ``generation`` died: nothing of it may run again.
+
+    A dead process runs no ``finally``; in this process the abandoned generator would be
+    closed when collected, so the generation is marked as if nothing is left to settle.
+    """
+    generation.settled = True
+
+
+def sweep(app: Flask) -> int:
+    """One run of a worker's sweeper, in its own application context and session."""
+    return sweep_expired_holds(app)
+
+
+def body_cost(body: dict[str, Any]) -> Decimal | None:
+    """The ``usage.cost.total_cost`` a response body or usage chunk tells the caller."""
+    usage = body.get("usage")
+    return None if usage is None else Decimal(usage["cost"]["total_cost"])
+
+
+def hold_of(generation: Generation) -> tuple[str, Decimal]:
+    """The id and amount of the generation's hold."""
+    return generation.hold.id, generation.hold.amount
+
+
+def generation_id(generation: Generation) -> str:
+    """The id the generation is recorded and charged under."""
+    return generation.id
+
+
+def reset_session() -> None:
+    """Drop what a failed step left in the session."""
+    db.session.rollback()
+
+
+def end_reads() -> None:
+    """End the transaction the invariants' reads ran in (the reads below leave it open)."""
+    db.session.commit()
+
+
+@dataclass(frozen=True)
+class AccountState:
+    """An account's columns beside the sums they must equal."""
+
+    balance: Decimal
+    reserved: Decimal
+    ledger_sum: Decimal
+    open_holds_sum: Decimal
+
+
+@dataclass(frozen=True)
+class OpenHold:
+    """A hold the database says is open."""
+
+    id: str
+    account_id: int
+    amount: Decimal
+    expires_at: datetime
+
+
+def _sum_of(table: Any, *conditions: Any) -> Any:
+    total = select(func.coalesce(func.sum(table.amount), 0)).where(
+        table.account_id == Account.id, *conditions
+    )
+    return total.scalar_subquery()
+
+
+_ACCOUNT_IDS = bindparam("account_ids", expanding=True)
+# Built once: the invariants read these after every step.
+_ACCOUNT_STATES = select(
+    Account.id,
+    Account.balance,
+    Account.reserved,
+    type_coerce(_sum_of(LedgerEntry), Money()),
+    type_coerce(_sum_of(Hold, Hold.status == ledger.OPEN), Money()),
+).where(Account.id.in_(_ACCOUNT_IDS))
+_OPEN_HOLDS = (
+    select(Hold.id, Hold.account_id, Hold.amount, Hold.expires_at)
+    .where(Hold.account_id.in_(_ACCOUNT_IDS), Hold.status == ledger.OPEN)
+    .order_by(Hold.expires_at)
+)
+
+
+def account_states(account_ids: list[int]) -> dict[int, AccountState]:
+    """Each account's balance and reserved, and the sums of its ledger and open holds."""
+    rows = db.session.execute(_ACCOUNT_STATES, {"account_ids": account_ids}).all()
+    return {account_id: AccountState(*sums) for account_id, *sums in rows}
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A key's monthly limit and reservation, beside what it spent and holds this month."""
+
+    monthly_limit: Decimal | None
+    reserved: Decimal
+    open_holds_sum: Decimal
+    spent_this_month: Decimal
+
+
+_KEY_IDS = bindparam("key_ids", expanding=True)
+_open_on_key = (
+    select(func.coalesce(func.sum(Hold.amount), 0))
+    .where(Hold.api_key_id == ApiKey.id, Hold.status == ledger.OPEN)
+    .scalar_subquery()
+)
+_KEY_STATES = select(
+    ApiKey.id, ApiKey.monthly_limit, ApiKey.month_reserved, type_coerce(_open_on_key, Money())
+).where(ApiKey.id.in_(_KEY_IDS))
+
+
+def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
+    """Each key's limit and reservation, its allowance's open holds, its spend this month."""
+    rows = db.session.execute(_KEY_STATES, {"key_ids": key_ids}).all()
+    since = ledger.month_start(now)
+    return {
+        key_id: KeyState(
+            monthly_limit=limit,
+            reserved=reserved,
+            open_holds_sum=held,
+            spent_this_month=Decimal(0) if limit is None else keys.key_spend(key_id, since=since),
+        )
+        for key_id, limit, reserved, held in rows
+    }
+
+
+def open_holds(account_ids: list[int]) -> list[OpenHold]:
+    """The open holds of the accounts."""
+    rows = db.session.execute(_OPEN_HOLDS, {"account_ids": account_ids}).all()
+    return [OpenHold(*row) for row in rows]
+
+
+def hold_is_open(hold_id: str) -> bool:
+    """Whether the hold is still open."""
+    status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
+    return status == ledger.OPEN
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What the database holds for one generation: its records and its charges."""
+
+    records: list[Any]
+    charges: list[Decimal]
+
+
+def settlement(generation_id: str) -> Settlement:
+    """The generation records and the charge entries written for ``generation_id``."""
+    records = db.session.execute(
+        select(
+            GenerationRecord.prompt_tokens,
+            GenerationRecord.completion_tokens,
+            GenerationRecord.cached_tokens,
+            GenerationRecord.cost,
+        ).where(GenerationRecord.id == generation_id)
+    ).all()
+    charges = db.session.scalars(
+        select(LedgerEntry.amount).where(
+            LedgerEntry.generation_id == generation_id, LedgerEntry.kind == ledger.CHARGE
+        )
+    ).all()
+    return Settlement(records=list(records), charges=[-amount for amount in charges])
+
+
+def audit_problems(account_ids: Iterable[int], generation_ids: Iterable[str]) -> list[str]:
+    """What ``flask ledger audit`` finds wrong with these accounts and generations."""
+    subjects = {f"account {i}" for i in account_ids} | {f"generation {g}" for g in generation_ids}
+    return [str(m) for m in audit_ledger().mismatches if m.subject in subjects]
+
+
+def plant_hold_without_balance_condition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a hold is placed whatever the balance."""
+    accounts = Account.__table__
+    amount = bindparam("amount", type_=Money())
+    monkeypatch.setattr(
+        ledger,
+        "_RESERVE",
+        update(accounts)
+        .where(accounts.c.id == bindparam("account_id"))
+        .values(reserved=accounts.c.reserved + amount),
+    )
+
+
+def plant_settlement_that_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the lifecycle on purpose: a generation forgets that it was settled."""
+    finish = generations.finish_generation
+
+    def finish_and_forget(generation: Generation, **kwargs: Any) -> Decimal:
+        charged = finish(generation, **kwargs)
+        generation.settled = False
+        return charged
+
+    monkeypatch.setattr(generations, "finish_generation", finish_and_forget)
+
+
+def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: settling charges the worst case, not the usage."""
+    settle = ledger.settle_hold
+
+    def settle_the_hold(hold: ledger.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
+        return settle(hold, cost=hold.amount if cost else cost, **kwargs)
+
+    monkeypatch.setattr(generations, "settle_hold", settle_the_hold)
+
+
+def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a key's hold is placed whatever its monthly limit."""
+    api_keys = ApiKey.__table__
+    month = bindparam("month")
+    spent = case((api_keys.c.spend_month == month, api_keys.c.month_spent), else_=0)
+    monkeypatch.setattr(
+        ledger,
+        "_RESERVE_ON_KEY",
+        update(api_keys)
+        .where(api_keys.c.id == bindparam("key_id"))
+        .values(
+            month_spent=spent,
+            spend_month=month,
+            month_reserved=api_keys.c.month_reserved + bindparam("amount", type_=Money()),
+        ),
+    )

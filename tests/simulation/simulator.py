@@ -1,0 +1,673 @@
+"""A seeded simulation of the money path: requests interleaved step by step, with faults.
+
+Everything the simulator decides (which request moves, what its upstream sends, when a
+caller hangs up, a worker dies or time jumps) comes from one ``random.Random(seed)``, so
+a seed replays the same schedule against the real ledger and database. After every step
+the database's truth is checked against the invariants; the first violation stops the
+run with the seed, the step and the schedule up to it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from app.providers.base import Usage
+from app.providers.errors import UpstreamError
+from tests.simulation import driver
+from tests.simulation.upstream import SimulatedAdapter, UpstreamScript
+
+# Far in the future, so that no other process's sweeper (its clock is the real one)
+# releases a simulated hold; an hour before a month ends, so long runs cross into the next.
+START = datetime(2031, 1, 31, 23, 0, tzinfo=UTC)
+ACTIVE, REVOKED, DELETED = "active", "revoked", "deleted"
+NEW, OPEN, STREAMING, ENDED, DEAD, REFUSED = "new", "open", "streaming", "ended", "dead", "refused"
+WORKERS = 3
+SCHEDULE_SHOWN = 40
+# The audit re-reads every account and generation: it runs every AUDIT_EVERY steps (or
+# every 1% of a longer run) and at the end, while the per-step checks cover the same
+# balances for the simulated accounts.
+AUDIT_EVERY = 100
+
+
+class SimulationFailure(AssertionError):
+    """An invariant broke: the message says the seed, the step and how to replay it."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Which faults a run injects beyond the ordinary ones (failures, hang-ups, deaths).
+
+    Each is off by default while the ledger does not survive it: a strict xfail in
+    test_simulation.py runs it, and turns into a failure once it is survived.
+    """
+
+    # The upstream reports more usage than the hold covers.
+    overuse: bool = False
+    # A key is deleted while one of its requests is still running.
+    delete_keys_in_flight: bool = False
+    # A caller reads its stream slower than the upstream writes: the gateway does not
+    # pull, so no read timeout ends the request however long it stalls.
+    slow_callers: bool = False
+    # A monthly limit is put on a key while requests it admitted without one still run.
+    limit_keys_in_flight: bool = False
+
+
+@dataclass
+class SimKey:
+    """A key as the simulator knows it: its current value and the values it had."""
+
+    name: str
+    id: int
+    value: str
+    state: str = ACTIVE
+    old_values: list[str] = field(default_factory=list)
+    monthly_limit: Decimal | None = None
+
+
+@dataclass
+class SimAccount:
+    """An account of the simulation, by its index in the schedule."""
+
+    index: int
+    id: int
+    email: str
+    keys: list[SimKey] = field(default_factory=list)
+    grant_keys: dict[str, Decimal] = field(default_factory=dict)
+
+
+@dataclass
+class SimRequest:
+    """One request's state machine: new, open (held), streaming, then ended, dead or refused."""
+
+    number: int
+    account: SimAccount
+    key: SimKey
+    model: Any
+    stream: bool
+    max_tokens: int
+    script: UpstreamScript
+    worker: int
+    state: str = NEW
+    generation: Any = None
+    chunks: Iterator[dict[str, Any]] | None = None
+    delivered: int = 0
+    told_cost: Decimal | None = None
+    # When its upstream's read timeout fails it, unless a chunk arrives first.
+    deadline: float = 0.0
+    slow_caller: bool = False
+
+    @property
+    def name(self) -> str:
+        """How the schedule names it."""
+        kind = "stream" if self.stream else "whole"
+        return f"r{self.number} ({kind} {self.model.id} {self.key.name})"
+
+
+class Simulation:
+    """One seeded run against the app's database."""
+
+    def __init__(
+        self,
+        app: Flask,
+        monkeypatch: pytest.MonkeyPatch,
+        *,
+        seed: int,
+        steps: int,
+        faults: Faults = Faults(),
+        schedule_file: Path | None = None,
+    ) -> None:
+        self.app, self.seed, self.steps, self.faults = app, seed, steps, faults
+        self.schedule_file = schedule_file
+        self.random = random.Random(seed)
+        self.clock = driver.SimulatedClock(START)
+        driver.install_clock(monkeypatch, self.clock)
+        self.adapter = SimulatedAdapter()
+        self.models = driver.simulated_models(self.adapter)
+        self.ttl = int(app.config["HOLD_TTL_SECONDS"])
+        self.read_timeout = self.adapter.upstream.read_timeout
+        self.sweep_every = driver.sweep_period(self.ttl)
+        self.next_sweep_at = self.sweep_every
+        self.accounts: list[SimAccount] = []
+        self.requests: list[SimRequest] = []
+        self.live: list[SimRequest] = []
+        self.hold_owners: dict[str, SimRequest] = {}
+        self.workers = list(range(WORKERS))
+        self.schedule: list[str] = []
+        self.step = 0
+        # How far each limited key is past its limit: only lowering the limit may raise it.
+        self.key_excess: dict[str, Decimal] = {}
+        self.audit_every = max(AUDIT_EVERY, steps // 100)
+        self.limit_changed: SimKey | None = None
+
+    def run(self) -> None:
+        """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
+        with self.app.app_context():
+            self.open_accounts()
+            while self.step < self.steps:
+                self.step += 1
+                self.perform(self.choose_action())
+            self.drain()
+
+    def open_accounts(self) -> None:
+        """Three accounts with little money, so that requests compete for it."""
+        for index in range(3):
+            # Not drawn from self.random: a replay must not find the first run's accounts.
+            email = f"sim-{self.seed}-{index}-{uuid.uuid4().hex[:12]}@example.com"
+            credits = self.money(Decimal("0.002"), Decimal("0.03"))
+            account = SimAccount(index, driver.open_account(email, credits), email)
+            self.accounts.append(account)
+            for _ in range(2):
+                self.issue_key(account)
+
+    def money(self, low: Decimal, high: Decimal) -> Decimal:
+        """A random amount of USD between ``low`` and ``high``, to the cent's ten-thousandth."""
+        units = self.random.randint(int(low * 1_000_000), int(high * 1_000_000))
+        return Decimal(units) / 1_000_000
+
+    def choose_action(self) -> Callable[[], str]:
+        """Pick the next action, weighted, among those possible now."""
+        actions: list[tuple[Callable[[], str], int]] = [
+            (self.start_request, 20),
+            (self.pass_time, 8),
+            (self.jump_time, 2),
+            (self.sweep, 2),
+            (self.grant, 4),
+            (self.change_key, 4),
+            (self.change_limit, 3),
+        ]
+        if self.live:
+            actions += [(self.advance, 45), (self.kill_worker, 1)]
+        if any(r.chunks is not None for r in self.live):
+            actions.append((self.hang_up, 4))
+        choices, weights = zip(*actions, strict=True)
+        return self.random.choices(choices, weights)[0]
+
+    def perform(self, action: Callable[[], str], *, audit: bool = False) -> None:
+        """Run one step and check every invariant after it."""
+        try:
+            description = action()
+        except SimulationFailure:
+            raise
+        except Exception as error:
+            driver.reset_session()
+            self.fail([f"{action.__name__} raised {error!r}", traceback.format_exc()])
+        self.schedule.append(f"{self.step}: {description}")
+        self.check_invariants(audit=audit or self.step % self.audit_every == 0)
+        self.limit_changed = None
+
+    def fail(self, problems: list[str]) -> None:
+        """Stop the run with the seed, the step, the problems and the schedule."""
+        shown = self.schedule[-SCHEDULE_SHOWN:]
+        lines = [
+            f"simulation failed: seed {self.seed}, step {self.step} of {self.steps}",
+            *(f"  {problem}" for problem in problems),
+            f"replay: pytest tests/simulation --seed {self.seed} --steps {self.step}",
+        ]
+        if self.schedule_file is not None:
+            self.schedule_file.write_text("\n".join(self.schedule) + "\n")
+            lines.append(f"whole schedule: {self.schedule_file}")
+        lines.append(f"schedule (last {len(shown)} of {len(self.schedule)} steps):")
+        self.abandon_live_requests()
+        raise SimulationFailure("\n".join(lines + shown))
+
+    def abandon_live_requests(self) -> None:
+        """Stop a failed run's requests where they are, so that none settles later."""
+        for request in self.live:
+            driver.bury(request.generation)
+            request.chunks = None
+
+    # Requests.
+
+    def start_request(self) -> str:
+        """A caller sends a request with one of its account's keys (maybe a stale one)."""
+        account = self.random.choice(self.accounts)
+        key, value, expected = self.pick_key(account)
+        model = self.random.choice(self.models)
+        stream = self.random.random() < 0.6
+        max_tokens = self.random.choice([16, 64, 256, 1024])
+        request = SimRequest(
+            number=len(self.requests) + 1,
+            account=account,
+            key=key,
+            model=model,
+            stream=stream,
+            max_tokens=max_tokens,
+            script=self.write_script(max_tokens),
+            worker=self.random.choice(self.workers),
+        )
+        self.requests.append(request)
+        self.adapter.scripts[request.number] = request.script
+        chat = driver.chat_request(request.number, model, stream=stream, max_tokens=max_tokens)
+        outcome = driver.start(value, model, chat, self.clock, self.ttl)
+        return f"start {request.name} max_tokens={max_tokens}: " + self.started(
+            request, outcome, expected
+        )
+
+    def started(self, request: SimRequest, outcome: Any, expected: int | None) -> str:
+        """Record how the start went and check a refusal was the right one."""
+        if isinstance(outcome, int):
+            request.state = REFUSED
+            self.check_refusal(request, outcome, expected)
+            return f"refused {outcome}"
+        if expected is not None:
+            self.fail([f"{request.name} was served with a key that should get {expected}"])
+        request.state, request.generation = OPEN, outcome
+        request.slow_caller = (
+            request.stream and self.faults.slow_callers and self.random.random() < 0.3
+        )
+        request.deadline = self.deadline(request)
+        hold_id, amount = driver.hold_of(outcome)
+        self.hold_owners[hold_id] = request
+        self.live.append(request)
+        return f"held ${amount}"
+
+    def check_refusal(self, request: SimRequest, status: int, expected: int | None) -> None:
+        """A refusal must match the key's state, and a 402 the available balance."""
+        if expected is not None:
+            if status != expected:
+                self.fail([f"{request.name} refused {status}, expected {expected}"])
+            return
+        if status != driver.INSUFFICIENT:
+            self.fail([f"{request.name} with an active key refused {status}"])
+        worst = driver.worst_case(
+            request.model,
+            prompt_tokens=request.script.prompt_estimate,
+            max_tokens=request.max_tokens,
+        )
+        state = driver.account_states([request.account.id])[request.account.id]
+        driver.end_reads()
+        if state.balance - state.reserved >= worst and not self.key_short(request.key, worst):
+            self.fail([f"{request.name} refused 402 with ${worst} needed and enough available"])
+
+    def key_short(self, key: SimKey, amount: Decimal) -> bool:
+        """Whether the key's monthly limit leaves less than ``amount`` this month."""
+        if key.monthly_limit is None:
+            return False
+        state = driver.key_states([key.id], self.clock.now())[key.id]
+        driver.end_reads()
+        return key.monthly_limit - state.spent_this_month - state.reserved < amount
+
+    def pick_key(self, account: SimAccount) -> tuple[SimKey, str, int | None]:
+        """A key value to call with, and the refusal it must get (None: it is valid)."""
+        active = [k for k in account.keys if k.state == ACTIVE]
+        if active and self.random.random() < 0.9:
+            return (key := self.random.choice(active)), key.value, None
+        candidates: list[tuple[SimKey, str, int | None]] = []
+        for key in account.keys:
+            expected = {ACTIVE: None, REVOKED: driver.REVOKED, DELETED: driver.UNAUTHORIZED}
+            candidates.append((key, key.value, expected[key.state]))
+            candidates += [(key, old, driver.UNAUTHORIZED) for old in key.old_values]
+        return self.random.choice(candidates)
+
+    def write_script(self, max_tokens: int) -> UpstreamScript:
+        """Decide what the upstream will do: chunks, usage, failures, overuse."""
+        prompt = self.random.randint(5, 400)
+        chunks, total = [], 0
+        for _ in range(self.random.choice([0, 1, 2, 3, 5, 8])):
+            tokens = self.random.randint(1, max(1, max_tokens // 4))
+            if total + tokens > max_tokens:
+                break
+            chunks.append(tokens)
+            total += tokens
+        reported = self.reported_usage(prompt, total, max_tokens)
+        fail_before = None
+        if self.random.random() < 0.12:
+            fail_before = self.random.randint(0, len(chunks))
+        early = None
+        if reported is not None and self.random.random() < 0.2:
+            early = reported.prompt_tokens
+        return UpstreamScript(prompt, chunks, reported, early, fail_before)
+
+    def reported_usage(self, prompt: int, completion: int, max_tokens: int) -> Usage | None:
+        """The usage the upstream will report: its own counts, none, or more than held."""
+        roll = self.random.random()
+        if roll < 0.15:
+            return None
+        # The gateway's prompt estimate is an upper bound of the upstream's count.
+        counted = max(1, prompt - self.random.randint(0, 3))
+        if self.faults.overuse and roll > 0.9:
+            counted = prompt * 2
+            completion = max_tokens + self.random.randint(1, 2 * max_tokens)
+        cached = self.random.choice([0, 0, counted // 2])
+        return Usage(prompt_tokens=counted, completion_tokens=completion, cached_tokens=cached)
+
+    def advance(self) -> str:
+        """Move one live request one step: the next chunk, or the whole answer."""
+        request = self.random.choice(self.live)
+        return self.advance_request(request)
+
+    def advance_request(self, request: SimRequest) -> str:
+        """Pull the request's next chunk (or run it whole), then check it if it ended."""
+        cap = self.charge_cap(request)
+        if not request.stream:
+            return self.complete_whole(request, cap)
+        if request.chunks is None:
+            request.chunks = driver.open_stream(request.generation)
+            request.state = STREAMING
+        try:
+            body = next(request.chunks)
+        except StopIteration:
+            return self.end(request, cap, completed=True, how="stream ended")
+        except UpstreamError:
+            return self.end(request, cap, completed=False, how="upstream broke off")
+        return self.received(request, body, cap)
+
+    def received(self, request: SimRequest, body: dict[str, Any], cap: Decimal) -> str:
+        """Count what the caller got; a usage chunk means the stream has settled."""
+        for choice in body["choices"]:
+            request.delivered += len((choice["delta"].get("content") or "").split())
+        request.told_cost = driver.body_cost(body)
+        if request.told_cost is not None:
+            return self.end(request, cap, completed=True, how="usage chunk")
+        request.deadline = self.deadline(request)
+        return f"chunk of {request.name}, {request.delivered} tokens delivered"
+
+    def complete_whole(self, request: SimRequest, cap: Decimal) -> str:
+        """Run a non-streamed request to its answer or its failure."""
+        try:
+            body = driver.complete(request.generation)
+        except UpstreamError:
+            return self.end(request, cap, completed=False, how="upstream failed")
+        request.told_cost = driver.body_cost(body)
+        request.delivered = request.script.completion_tokens
+        return self.end(request, cap, completed=True, how="answered")
+
+    def hang_up(self) -> str:
+        """A caller of a running stream goes away: the server closes its generator."""
+        request = self.random.choice([r for r in self.live if r.chunks is not None])
+        cap = self.charge_cap(request)
+        driver.close_stream(request.chunks)
+        return self.end(request, cap, completed=False, how="caller hung up")
+
+    def kill_worker(self) -> str:
+        """A worker dies: its requests vanish without settling; a new worker takes its place."""
+        worker = self.random.choice(self.workers)
+        victims = [r for r in self.live if r.worker == worker]
+        for request in victims:
+            driver.bury(request.generation)
+            request.chunks = None
+            request.state = DEAD
+            self.live.remove(request)
+        self.workers[self.workers.index(worker)] = max(self.workers) + 1
+        return f"worker {worker} died with {[r.number for r in victims]}"
+
+    def charge_cap(self, request: SimRequest) -> Decimal:
+        """What the account has for this request if it settles in the next step."""
+        hold_id, amount = driver.hold_of(request.generation)
+        state = driver.account_states([request.account.id])[request.account.id]
+        available = state.balance - state.reserved
+        if driver.hold_is_open(hold_id):
+            available += amount
+        driver.end_reads()
+        return max(available, Decimal(0))
+
+    def end(self, request: SimRequest, cap: Decimal, *, completed: bool, how: str) -> str:
+        """The request is over: it must be settled once, at the price of what it delivered."""
+        request.state = ENDED
+        if request.chunks is not None:
+            # The server closes the response's iterator once it is done with it.
+            driver.close_stream(request.chunks)
+            request.chunks = None
+        self.live.remove(request)
+        usage = self.expected_usage(request, completed)
+        expected = min(driver.price(usage, request.model), cap)
+        self.check_settlement(request, usage, expected)
+        return f"{how}: {request.name}, {request.delivered} tokens, charged ${expected}"
+
+    def expected_usage(self, request: SimRequest, completed: bool) -> Usage:
+        """What the request is billed for: the upstream's count, or what was delivered."""
+        script = request.script
+        if completed and script.reported is not None:
+            return script.reported
+        if request.delivered == 0:
+            return Usage()
+        prompt = script.prompt_estimate if script.early_prompt is None else script.early_prompt
+        return Usage(prompt_tokens=prompt, completion_tokens=request.delivered)
+
+    def check_settlement(self, request: SimRequest, usage: Usage, expected: Decimal) -> None:
+        """One record and at most one charge, of the expected amount, as the caller was told."""
+        settled = driver.settlement(driver.generation_id(request.generation))
+        driver.end_reads()
+        problems = []
+        if len(settled.records) != 1:
+            problems.append(f"{len(settled.records)} generation records")
+        elif tuple(settled.records[0][:3]) != (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens,
+        ):
+            problems.append(f"recorded tokens {tuple(settled.records[0][:3])}, expected {usage}")
+        elif settled.records[0][3] != expected:
+            problems.append(f"recorded cost ${settled.records[0][3]}, expected ${expected}")
+        if sum(settled.charges) != expected or len(settled.charges) != (expected > 0):
+            problems.append(f"charged {settled.charges}, expected ${expected} once")
+        if request.told_cost is not None and request.told_cost != expected:
+            problems.append(f"told the caller ${request.told_cost}, expected ${expected}")
+        if problems:
+            self.fail([f"{request.name}: {problem}" for problem in problems])
+
+    # Time, the sweeper and the operator.
+
+    def pass_time(self) -> str:
+        """A few seconds pass (an upstream's latency, a pause between chunks)."""
+        seconds = round(self.random.expovariate(1 / 5), 3)
+        return self.let_time_pass(seconds)
+
+    def jump_time(self) -> str:
+        """Time jumps past the holds' TTL, as it does for a stalled or dead worker."""
+        seconds = round(self.ttl * self.random.uniform(0.5, 2.5), 3)
+        return self.let_time_pass(seconds)
+
+    def let_time_pass(self, seconds: float) -> str:
+        """Advance the clock through what happens meanwhile, in time order.
+
+        Each worker's sweeper runs whenever its period comes; a live request whose
+        upstream stays silent past its read timeout fails then, as through ``requests``.
+        """
+        target = self.clock.elapsed + seconds
+        events = []
+        while (event := self.next_event()) is not None and event[0] <= target:
+            self.clock.elapsed, request = event
+            events.append(self.time_out(request) if request else self.run_due_sweep())
+        self.clock.elapsed = target
+        happened = "; ".join(e for e in events if e)
+        return f"{seconds}s pass" + (f": {happened}" if happened else "")
+
+    def deadline(self, request: SimRequest | None = None) -> float:
+        """When a request now waiting on its upstream times out (a slow caller's never)."""
+        if request is not None and request.slow_caller:
+            return math.inf
+        return self.clock.elapsed + self.read_timeout
+
+    def next_event(self) -> tuple[float, SimRequest | None] | None:
+        """The next timed event: the sweeper's period, or an upstream's read timeout."""
+        event: tuple[float, SimRequest | None] = (self.next_sweep_at, None)
+        for request in self.live:
+            if request.deadline < event[0]:
+                event = (request.deadline, request)
+        return event
+
+    def run_due_sweep(self) -> str:
+        """The sweepers' periodic run."""
+        self.next_sweep_at += self.sweep_every
+        released = driver.sweep(self.app)
+        return f"sweep released {released} holds" if released else ""
+
+    def time_out(self, request: SimRequest) -> str:
+        """The request's upstream has been silent too long: its next read fails."""
+        request.script.timed_out = True
+        return self.advance_request(request)
+
+    def sweep(self) -> str:
+        """Another worker's sweeper runs now."""
+        return f"sweeper released {driver.sweep(self.app)} holds"
+
+    def grant(self) -> str:
+        """The operator grants credits, sometimes repeating an idempotency key."""
+        account = self.random.choice(self.accounts)
+        amount = self.money(Decimal("0.0005"), Decimal("0.01"))
+        key = None
+        if account.grant_keys and self.random.random() < 0.3:
+            key = self.random.choice(sorted(account.grant_keys))
+            amount = account.grant_keys[key]
+        elif self.random.random() < 0.3:
+            key = f"grant-{self.step}"
+        applied = driver.grant(account.id, amount, idempotency_key=key)
+        if applied != (key is None or key not in account.grant_keys):
+            self.fail([f"grant of ${amount} with key {key} applied={applied}"])
+        if key is not None:
+            account.grant_keys[key] = amount
+        return f"grant ${amount} to a{account.index} (key {key}): applied={applied}"
+
+    def change_key(self) -> str:
+        """The account's owner issues, rotates, revokes or deletes a key."""
+        account = self.random.choice(self.accounts)
+        kept = [k for k in account.keys if k.state != DELETED]
+        change = self.random.choice(["issue", "rotate", "revoke", "delete"])
+        if change == "issue" or not kept:
+            return f"issue key {self.issue_key(account).name}"
+        key = self.random.choice(kept)
+        if change == "rotate":
+            key.old_values.append(key.value)
+            key.value = driver.rotate_key(key.id)
+        elif change == "revoke":
+            driver.revoke_key(key.id)
+            key.state = REVOKED
+        elif self.faults.delete_keys_in_flight or not self.in_flight(key):
+            driver.delete_key(key.id)
+            key.state = DELETED
+        else:
+            return f"keep key {key.name}: a request made with it is running"
+        return f"{change} key {key.name}"
+
+    def issue_key(self, account: SimAccount) -> SimKey:
+        """Issue the account a new key."""
+        key = SimKey(f"k{account.index}.{len(account.keys)}", *driver.issue_key(account.email))
+        account.keys.append(key)
+        return key
+
+    def change_limit(self) -> str:
+        """The owner sets, changes or lifts a key's monthly limit."""
+        keys = [k for account in self.accounts for k in account.keys if k.state != DELETED]
+        key = self.random.choice(keys)
+        limit = None
+        if self.random.random() < 0.8:
+            limit = self.money(Decimal("0.0005"), Decimal("0.02"))
+        if not self.faults.limit_keys_in_flight and self.in_flight(key):
+            return f"keep the limit of key {key.name}: a request made with it is running"
+        driver.set_monthly_limit(key.id, limit)
+        key.monthly_limit = limit
+        self.limit_changed = key
+        return f"limit key {key.name} to ${limit} a month"
+
+    def in_flight(self, key: SimKey) -> bool:
+        """Whether a live request was made with ``key``."""
+        return any(r.key is key for r in self.live)
+
+    # Invariants.
+
+    def check_invariants(self, *, audit: bool) -> None:
+        """Balances and holds after every step; the audit when ``audit``."""
+        ids = [account.id for account in self.accounts]
+        problems = list(self.balance_problems(driver.account_states(ids)))
+        holds = driver.open_holds(ids)
+        problems += self.hold_problems(holds)
+        problems += self.key_problems(holds)
+        driver.end_reads()
+        if audit and not problems:
+            problems += self.audit_problems(ids)
+        if problems:
+            self.fail(problems)
+
+    def audit_problems(self, account_ids: list[int]) -> list[str]:
+        """What ``flask ledger audit`` finds wrong with the simulation's accounts and requests."""
+        started = [r.generation for r in self.requests if r.generation is not None]
+        return driver.audit_problems(account_ids, map(driver.generation_id, started))
+
+    def balance_problems(self, states: dict[int, driver.AccountState]) -> Iterator[str]:
+        """Each balance is its ledger, each reserve its holds; nothing available below zero."""
+        for account in self.accounts:
+            state = states[account.id]
+            name = f"a{account.index}"
+            if state.balance != state.ledger_sum:
+                yield f"{name}: balance ${state.balance}, its ledger sums to ${state.ledger_sum}"
+            if state.reserved != state.open_holds_sum:
+                yield f"{name}: reserved ${state.reserved}, open holds ${state.open_holds_sum}"
+            if state.balance - state.reserved < 0:
+                yield f"{name}: available ${state.balance - state.reserved} is below zero"
+
+    def hold_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
+        """A hold is open only while its request lives, or until its bound after a death."""
+        now = self.clock.now()
+        bound = timedelta(seconds=self.sweep_every)
+        for hold in holds:
+            owner = self.hold_owners.get(hold.id)
+            if owner is None:
+                yield f"open hold {hold.id} of ${hold.amount} belongs to no request"
+            elif owner.state == ENDED:
+                yield f"{owner.name} ended but its hold of ${hold.amount} is open"
+            elif owner.state == DEAD and now > hold.expires_at + bound:
+                yield f"{owner.name} died; its hold outlived its expiry by more than {bound}"
+        still_open = {hold.id for hold in holds}
+        for request in self.live:
+            if driver.hold_of(request.generation)[0] not in still_open:
+                yield f"{request.name} is running but its hold is no longer open"
+
+    def key_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
+        """A key's reservation is its open holds; its month never passes its limit."""
+        keys = [k for account in self.accounts for k in account.keys if k.state != DELETED]
+        states = driver.key_states([k.id for k in keys], self.clock.now())
+        held: dict[str, Decimal] = {k.name: Decimal(0) for k in keys}
+        for hold in holds:
+            owner = self.hold_owners.get(hold.id)
+            if owner is not None and owner.key.name in held:
+                held[owner.key.name] += hold.amount
+        for key in keys:
+            state = states[key.id]
+            if state.reserved != state.open_holds_sum:
+                yield f"key {key.name}: reserved ${state.reserved}, holds ${state.open_holds_sum}"
+            if state.monthly_limit is None:
+                continue
+            total = state.spent_this_month + held[key.name]
+            excess = max(total - state.monthly_limit, Decimal(0))
+            if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
+                yield (
+                    f"key {key.name}: spent ${state.spent_this_month} this month and holds "
+                    f"${held[key.name]}, past its monthly limit of ${state.monthly_limit}"
+                )
+            self.key_excess[key.name] = excess
+
+    def drain(self) -> None:
+        """Finish every live request, let every dead one's hold expire; nothing may stay open."""
+        while self.live:
+            self.step += 1
+            request = self.live[0]
+            self.perform(lambda request=request: self.advance_request(request))
+        self.step += 1
+        self.perform(lambda: self.let_time_pass(self.ttl + 2 * self.sweep_every), audit=True)
+        holds = driver.open_holds([account.id for account in self.accounts])
+        driver.end_reads()
+        if holds:
+            self.fail([f"{len(holds)} holds still open after every request ended"])
+        for request in self.requests:
+            if request.state == ENDED:
+                self.check_still_settled_once(request)
+
+    def check_still_settled_once(self, request: SimRequest) -> None:
+        """Nothing that ran after a request ended may have charged it again."""
+        settled = driver.settlement(driver.generation_id(request.generation))
+        driver.end_reads()
+        if len(settled.records) != 1 or sum(settled.charges) != settled.records[0][3]:
+            self.fail([f"{request.name} ended with {settled}"])
