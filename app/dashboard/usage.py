@@ -8,12 +8,15 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, String, func, select
+from sqlalchemy import Select, String, case, func, select
 
-from app.auth.models import ApiKey
+from app.auth.models import DELETED, ApiKey
 from app.completions.models import Generation
 from app.dashboard.pages import Page, fetch_page
 from app.extensions import db
+
+# A deleted key's generations keep its name, marked, so that past spend stays attributed.
+KEY_NAME = case((ApiKey.state == DELETED, ApiKey.name + " (deleted)"), else_=ApiKey.name)
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def _filtered(statement: Select[Any], account_id: int, usage: UsageFilter) -> Se
 
 
 def _generation_rows(account_id: int, usage: UsageFilter) -> Select[Any]:
-    statement = select(Generation, ApiKey.name.label("key_name")).outerjoin(
+    statement = select(Generation, KEY_NAME.label("key_name")).outerjoin(
         ApiKey, ApiKey.id == Generation.api_key_id
     )
     return _filtered(statement, account_id, usage).order_by(
@@ -103,8 +106,8 @@ def totals_by_model(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
 
 def totals_by_key(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
     """Return requests, tokens and cost per key (unkeyed records together), costliest first."""
-    label = func.coalesce(ApiKey.name, "(deleted key)")
-    return _totals(account_id, usage, label, Generation.api_key_id, ApiKey.name)
+    label = func.coalesce(KEY_NAME, "(no key)")
+    return _totals(account_id, usage, label, Generation.api_key_id, KEY_NAME)
 
 
 def daily_spend(account_id: int, *, days: int, today: date) -> dict[tuple[date, str], Decimal]:

@@ -15,7 +15,13 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from app.observability import metrics
 from app.observability.logs import log_access
-from app.observability.trace import REQUEST_ID_HEADER, RequestTrace, accept_request_id, open_trace
+from app.observability.trace import (
+    REQUEST_ID_HEADER,
+    RequestTrace,
+    accept_request_id,
+    close_trace,
+    open_trace,
+)
 
 log = logging.getLogger(__name__)
 OVERHEAD_HEADER = "X-Gateway-Overhead-Ms"
@@ -89,6 +95,7 @@ def stamp_headers(trace: RequestTrace, headers: list[tuple[str, str]]) -> None:
 
 def finish_request(trace: RequestTrace, environ: dict[str, Any]) -> None:
     """Write the request's access line and metrics; never fail the request over them."""
+    close_trace(trace)
     trace.client = environ.get("REMOTE_ADDR")
     if trace.streamed:
         metrics.streams_in_flight.dec()

@@ -137,6 +137,12 @@ def current_request_id() -> str | None:
     return trace.request_id if trace is not None else None
 
 
+def close_trace(trace: RequestTrace) -> None:
+    """Stop ``trace`` being current: what runs next on this thread belongs to no request."""
+    if _current.get() is trace:
+        _current.set(None)
+
+
 def open_trace(request_id: str) -> RequestTrace:
     """Start the trace of a new request and make it current."""
     trace = RequestTrace(request_id=request_id)

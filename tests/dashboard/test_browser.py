@@ -150,7 +150,7 @@ def test_a_holder_manages_keys_and_sees_their_usage_in_the_browser(
     assert len(rows) == len(answered)
     assert sorted(Decimal(r["cost_usd"]) for r in rows) == sorted(answered)
     assert sum(Decimal(r["cost_usd"]) for r in rows) == total > 0
-    assert {r["key"] for r in rows} == {"", "mini only", "capped"}
+    assert {r["key"] for r in rows} == {"browser key (deleted)", "mini only", "capped"}
 
     page.get_by_role("link", name="Balance", exact=True).click()
     assert page.locator("#balance").inner_text() == format_usd(Decimal("5") - total)

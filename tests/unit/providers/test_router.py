@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
 
 import pytest
@@ -193,7 +194,8 @@ def test_every_call_is_traced_with_how_it_ended(routes, replay_server):
     replay_server.script("/second", Reply("openai_chat"))
     trace = RequestTrace(request_id="r")
 
-    complete_on_routes(routes, REQUEST, trace)
+    # A fresh context: no request is being served, whatever earlier tests ran in this thread.
+    contextvars.Context().run(complete_on_routes, routes, REQUEST, trace)
 
     assert [(a.upstream, a.outcome) for a in trace.attempts] == [
         ("first", "5xx"),
