@@ -13,12 +13,15 @@ warning for the outage and tries Redis again after a few seconds, backing off; w
 
 from __future__ import annotations
 
+import logging
+
 from flask import Flask, Response, current_app, request
 from flask_limiter import Limiter
 from flask_limiter.errors import RateLimitExceeded
 
 from app.auth.decorators import request_caller
 from app.errors import APIError, error_response
+from app.observability import metrics
 
 
 class RateLimited(APIError):
@@ -69,6 +72,15 @@ def rate_limit_store_reachable() -> bool | None:
     return bool(limiter.storage.check())
 
 
+class FallbackCounter(logging.Handler):
+    """Count the limiter's falls back to per-worker memory, which Flask-Limiter only logs."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Count a "storage unreachable" warning of the limiter."""
+        if "falling back" in record.getMessage():
+            metrics.rate_limit_fallbacks.inc()
+
+
 def init_rate_limits(app: Flask) -> None:
     """Bind the limiter: Redis storage when REDIS_URL is set, with memory to fall back on."""
     timeout = app.config["REDIS_TIMEOUT_SECONDS"]
@@ -84,4 +96,6 @@ def init_rate_limits(app: Flask) -> None:
     app.config.setdefault("RATELIMIT_HEADERS_ENABLED", False)
     app.config.setdefault("RATELIMIT_KEY_PREFIX", "gateway")
     limiter.init_app(app)
+    if not any(isinstance(h, FallbackCounter) for h in limiter.logger.handlers):
+        limiter.logger.addHandler(FallbackCounter())
     app.register_error_handler(RateLimitExceeded, handle_rate_limited)

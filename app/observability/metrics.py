@@ -89,6 +89,11 @@ streams_in_flight = Gauge(
     multiprocess_mode="livesum",
     registry=registry,
 )
+rate_limit_fallbacks = Counter(
+    "gateway_rate_limit_store_fallbacks",
+    "Times a worker found Redis unreachable and fell back to counting in its own memory.",
+    registry=registry,
+)
 overhead = Histogram(
     "gateway_overhead_seconds",
     "Time the gateway itself added to a request: its duration minus upstream waits.",

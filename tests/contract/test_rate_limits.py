@@ -110,12 +110,22 @@ def test_an_unreachable_redis_falls_back_to_per_worker_limits(
     funded = make_funded_key()
     closed = f"redis://127.0.0.1:{_free_port()}/0"
     with running_server(
-        database_url, tmp_path, RATE_LIMIT="3 per minute", REDIS_URL=closed
+        database_url,
+        tmp_path,
+        RATE_LIMIT="3 per minute",
+        REDIS_URL=closed,
+        METRICS_TOKEN="scrape-token",
     ) as server:
         statuses = [get_models(server, funded.key).status_code for _ in range(5)]
         ready = requests.get(f"{server.url}/readyz", timeout=30)
+        scraped = requests.get(
+            f"{server.url}/metrics",
+            headers={"Authorization": "Bearer scrape-token"},
+            timeout=30,
+        ).text
 
     assert statuses == [200, 200, 200, 429, 429]
+    assert "gateway_rate_limit_store_fallbacks_total 1.0" in scraped
     assert ready.status_code == 200
     assert ready.json() == {"status": "degraded", "redis": "unreachable"}
     assert gunicorn_log(tmp_path).count("Rate limit storage unreachable") == 1
