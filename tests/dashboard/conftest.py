@@ -28,7 +28,9 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an asyncio loop running on this thread while
+# it is open, which would break every later test that runs a loop of its own.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     """Debian's chromium, headless, driven by Playwright."""
     from playwright.sync_api import sync_playwright
