@@ -182,6 +182,7 @@ def _wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> 
         try:
             if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
+            # A worker still booting on a busy machine accepts before it answers.
             time.sleep(0.1)
     raise RuntimeError("gunicorn did not answer /healthz in time")
