@@ -385,10 +385,14 @@ def run_memory(args: argparse.Namespace, scratch: Path, upstream: Target) -> lis
     return rows
 
 
-def raise_open_files_limit() -> None:
+def raise_open_files_limit(streams: int = 0) -> None:
     """Let this process and the servers it starts hold as many sockets as allowed."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # The gateway's worker holds two sockets per open stream: the caller's and the upstream's.
+    if hard != resource.RLIM_INFINITY and hard < 2 * streams + 500:
+        print(f"warning: ulimit -Hn is {hard}; {streams} streams need {2 * streams + 500}",
+              file=sys.stderr)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -405,7 +409,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print its tables; return 1 if any request failed."""
     args = parse_args(argv)
-    raise_open_files_limit()
+    raise_open_files_limit(args.streams)
     scratch = Path(tempfile.mkdtemp(prefix="bench-"))
     port = free_port()
     command = [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(port)]
