@@ -293,6 +293,11 @@ def median_figures(rounds: list[Figures]) -> Figures:
     return Figures(**medians, errors=sum(figures.errors for figures in rounds))
 
 
+def ratio(own: float, floor: float) -> str:
+    """Format ``own / floor``; a dash when the floor measured nothing (too few requests)."""
+    return f"{own / floor:.2f}" if floor else "-"
+
+
 def throughput_rows(results: dict[tuple[str, str], Figures], plan, targets) -> list[str]:
     """Render the throughput table, each figure beside its ratio to the floor's."""
     rows = [
@@ -306,7 +311,7 @@ def throughput_rows(results: dict[tuple[str, str], Figures], plan, targets) -> l
             own = results[scenario.name, target.name]
             rows.append(
                 f"| {scenario.name} | {target.name} | {own.cpu_us:,.0f} | "
-                f"{own.cpu_us / floor.cpu_us:.2f} | {own.p50_ms:.2f} | {own.p90_ms:.2f} | "
+                f"{ratio(own.cpu_us, floor.cpu_us)} | {own.p50_ms:.2f} | {own.p90_ms:.2f} | "
                 f"{own.p99_ms:.2f} | {own.ttfb_ms:.2f} | {own.ttfb_ms - floor.ttfb_ms:+.2f} | "
                 f"{own.rps:,.0f} | {100 * own.rps / floor.rps:.0f}% | "
                 f"{own.upstream_cpu_us:,.0f} | {own.errors} |"
@@ -377,10 +382,10 @@ def run_memory(args: argparse.Namespace, scratch: Path, upstream: Target) -> lis
     floor_per_stream = None
     for target, (opened, idle, loaded) in zip(targets, measured, strict=True):
         per_stream = (loaded - idle) / max(opened, 1)
-        floor_per_stream = floor_per_stream or per_stream or 1.0
+        floor_per_stream = per_stream if floor_per_stream is None else floor_per_stream
         rows.append(
             f"| {target.name} | {opened:,} | {idle / 1024:.1f} | {loaded / 1024:.1f} | "
-            f"{per_stream:.1f} | {per_stream / floor_per_stream:.2f} |"
+            f"{per_stream:.1f} | {ratio(per_stream, floor_per_stream)} |"
         )
     return rows
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.run import scenarios
+from bench.run import ratio, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONCURRENCY = 3
@@ -52,3 +52,9 @@ def test_the_harness_reports_every_scenario_of_every_target(database_url):
         assert float(row[2].replace(",", "")) >= 0 and float(row[4]) > 0
     memory = table_rows(done.stdout.split("\n\n", 1)[1], 6)
     assert [(row[0], row[1]) for row in memory] == [("floor", "8"), ("gateway-sqlite", "8")]
+
+
+def test_a_ratio_to_a_floor_that_measured_nothing_is_a_dash():
+    # A handful of requests can use less than one clock tick of the floor's CPU.
+    assert ratio(3.0, 0.0) == "-"
+    assert ratio(3.0, 2.0) == "1.50"
