@@ -341,9 +341,15 @@ def run_throughput(
     return throughput_rows(results, plan, targets), errors
 
 
-def worker_of(master: subprocess.Popen) -> int:
-    """Return the pid of a gunicorn master's only worker."""
-    return process_tree(master.pid)[1]
+def worker_of(master: subprocess.Popen, timeout: float = 30) -> int:
+    """Return the pid of a gunicorn master's only worker, once it has forked it."""
+    deadline = time.monotonic() + timeout
+    # The master listens before its worker boots.
+    while len(tree := process_tree(master.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if len(tree) < 2:
+        raise RuntimeError(f"gunicorn {master.pid} started no worker")
+    return tree[1]
 
 
 def hold_streams(target: Target, count: int) -> tuple[int, int, int]:
