@@ -23,7 +23,10 @@ def _default(value: Any) -> Any:
 
 def dumps(value: Any) -> bytes:
     """Encode ``value`` as compact UTF-8 JSON."""
-    return orjson.dumps(value, default=_default)
+    # orjson's bytes object keeps the whole buffer it encoded into, 4 KB at least however
+    # short the JSON; a copy holds only the JSON. Thousands of open streams each keep
+    # their upstream request body alive, so the copy is worth its few hundred nanoseconds.
+    return bytes(memoryview(orjson.dumps(value, default=_default)))
 
 
 def loads(data: bytes | str) -> Any:

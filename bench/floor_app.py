@@ -1,35 +1,52 @@
-"""The floor of the stack: a bare Flask view under the same gunicorn/gevent settings.
+"""The floor of the stack: a bare Flask view forwarding the body to the upstream.
 
-It answers a canned chat completion with no auth, no validation and no billing, so that
-the benchmark can report the gateway's CPU per request as a ratio against it.
+It runs under the same gunicorn/gevent settings as the gateway and does the least any
+gateway must: read the body, POST it with one ``requests.Session`` (no proxy lookup in
+the environment), and relay the answer, streamed as it arrives when the caller asked for
+a stream. No auth, no validation, no billing, no database. ``BENCH_UPSTREAM_URL`` is the
+upstream's chat completions URL.
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import requests
 from flask import Flask, Response, request
 
-from app.encoding import dumps, loads
+READ_SIZE = 64 * 1024
 
 app = Flask(__name__)
-ANSWER = dumps(
-    {
-        "id": "chatcmpl-floor",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "dev-chat-mini",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "hello Quiet river stone."},
-                "finish_reason": "stop",
-                "logprobs": None,
-            }
-        ],
-        "usage": {"prompt_tokens": 8, "completion_tokens": 6, "total_tokens": 14},
-    }
-)
+session = requests.Session()
+session.trust_env = False
+session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=100, max_retries=0))
+UPSTREAM_URL = os.environ.get("BENCH_UPSTREAM_URL", "http://127.0.0.1:9100/v1/chat/completions")
+HEADERS = {"Content-Type": "application/json"}
+
+
+def relayed(upstream: requests.Response) -> Iterator[bytes]:
+    """Yield the upstream's body as the socket delivers it, then release the connection."""
+    try:
+        while chunk := upstream.raw.read1(READ_SIZE):
+            yield chunk
+    finally:
+        upstream.close()
 
 
 @app.post("/v1/chat/completions")
 def complete() -> Response:
-    """Read the body and answer the canned completion."""
-    loads(request.get_data())
-    return Response(ANSWER, mimetype="application/json")
+    """Forward the body; relay the upstream's answer, streamed if it streams."""
+    body = request.get_data()
+    streamed = b'"stream":true' in body
+    upstream = session.post(UPSTREAM_URL, data=body, headers=HEADERS, stream=streamed)
+    mimetype = upstream.headers.get("Content-Type", "application/json")
+    if streamed:
+        return Response(relayed(upstream), status=upstream.status_code, mimetype=mimetype)
+    return Response(upstream.content, status=upstream.status_code, mimetype=mimetype)
+
+
+@app.get("/healthz")
+def healthz() -> Response:
+    """Answer while the process is up."""
+    return Response(b"ok")

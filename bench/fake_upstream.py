@@ -1,0 +1,202 @@
+"""An OpenAI-compatible upstream that answers at once from precomputed bytes.
+
+It is the upstream of every benchmark target, so it must never be the bottleneck: one
+asyncio process, raw HTTP/1.1 with keep-alive, no JSON decoding (the answer is chosen by
+looking for the model's name in the body), responses built once at start. The model
+name picks the behaviour:
+
+- ``bench-fast``: the whole answer, or a stream of ``CHUNKS`` content chunks, usage and
+  ``[DONE]`` in one write;
+- ``bench-slow``: the same after ``SLOW_SECONDS`` (a remote model's time to answer);
+- ``bench-trickle``: a stream that sends one chunk now and one every ``TRICKLE_SECONDS``
+  until ``TRICKLE_CHUNKS`` were sent or the caller hangs up (the memory benchmark).
+
+    python bench/fake_upstream.py --port 9100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+
+CHUNKS = 20
+SLOW_SECONDS = 0.05
+TRICKLE_SECONDS = 10.0
+TRICKLE_CHUNKS = 120
+PROMPT_TOKENS, COMPLETION_TOKENS = 12, CHUNKS
+USAGE = {
+    "prompt_tokens": PROMPT_TOKENS,
+    "completion_tokens": COMPLETION_TOKENS,
+    "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+}
+WORDS = [f" word{index}" for index in range(CHUNKS)]
+
+
+def _compact(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def whole_answer() -> bytes:
+    """Return the HTTP response of a non-streamed completion."""
+    body = _compact(
+        {
+            "id": "chatcmpl-upstream",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": "upstream-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(WORDS)},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": USAGE,
+        }
+    )
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def stream_head() -> bytes:
+    """Return the status line and headers of a chunked event stream."""
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+
+
+def http_chunk(event: bytes) -> bytes:
+    """Frame one HTTP chunk of the body."""
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def stream_event(index: int, *, finish: bool = False) -> bytes:
+    """Return the ``index``-th content chunk as one SSE event."""
+    delta = {"content": WORDS[index % CHUNKS]}
+    if index == 0:
+        delta["role"] = "assistant"
+    chunk = {
+        "id": "chatcmpl-upstream",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "upstream-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": "stop" if finish else None}],
+    }
+    return b"data: " + _compact(chunk) + b"\n\n"
+
+
+def stream_end() -> bytes:
+    """Return the usage event, ``[DONE]`` and the body's last chunk."""
+    usage = {
+        "id": "chatcmpl-upstream",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "upstream-model",
+        "choices": [],
+        "usage": USAGE,
+    }
+    return (
+        http_chunk(b"data: " + _compact(usage) + b"\n\n")
+        + http_chunk(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
+
+
+def whole_stream() -> bytes:
+    """Return a complete streamed answer: every chunk, usage and ``[DONE]``."""
+    events = b"".join(
+        http_chunk(stream_event(index, finish=index == CHUNKS - 1)) for index in range(CHUNKS)
+    )
+    return stream_head() + events + stream_end()
+
+
+WHOLE, STREAM = whole_answer(), whole_stream()
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    """One keep-alive connection: parse requests as bytes arrive, answer each."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport."""
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        """Answer every complete request in the buffer, in order."""
+        self.buffer += data
+        while not self.busy:
+            request = self._next_request()
+            if request is None:
+                return
+            self._answer(request)
+
+    def _next_request(self) -> bytes | None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        head = self.buffer[: end + 2].lower()
+        start = head.find(b"content-length:")
+        length = int(head[start + 15 : head.find(b"\r\n", start)]) if start >= 0 else 0
+        if len(self.buffer) < end + 4 + length:
+            return None
+        body = self.buffer[end + 4 : end + 4 + length]
+        self.buffer = self.buffer[end + 4 + length :]
+        return body
+
+    def _answer(self, body: bytes) -> None:
+        streamed = b'"stream":true' in body
+        if b"bench-trickle" in body:
+            self.busy = True
+            asyncio.ensure_future(self._trickle())
+        elif b"bench-slow" in body:
+            self.busy = True
+            asyncio.get_running_loop().call_later(SLOW_SECONDS, self._send_later, streamed)
+        else:
+            self.transport.write(STREAM if streamed else WHOLE)
+
+    def _send_later(self, streamed: bool) -> None:
+        self.busy = False
+        if not self.transport.is_closing():
+            self.transport.write(STREAM if streamed else WHOLE)
+            self.data_received(b"")
+
+    async def _trickle(self) -> None:
+        self.transport.write(stream_head() + http_chunk(stream_event(0)))
+        for index in range(1, TRICKLE_CHUNKS):
+            await asyncio.sleep(TRICKLE_SECONDS)
+            if self.transport.is_closing():
+                return
+            last = index == TRICKLE_CHUNKS - 1
+            self.transport.write(http_chunk(stream_event(index, finish=last)))
+        self.transport.write(stream_end())
+        self.busy = False
+        self.data_received(b"")
+
+
+async def serve(port: int) -> None:
+    """Serve on 127.0.0.1:``port`` until killed."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    """Parse the port and serve."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    asyncio.run(serve(args.port))
+
+
+if __name__ == "__main__":
+    main()

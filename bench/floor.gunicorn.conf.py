@@ -1,0 +1,26 @@
+"""The gateway's gunicorn settings for the floor, without the gateway's own hooks.
+
+The settings (gevent workers, connections, timeouts, access log) are read from
+config/gunicorn.conf.py itself, so the floor runs exactly as the gateway does; its hooks
+(catalog check, psycopg2 patching, the hold sweeper) belong to the gateway alone.
+"""
+
+from pathlib import Path
+
+_gateway: dict = {}
+_source = Path(__file__).resolve().parent.parent / "config" / "gunicorn.conf.py"
+exec(compile(_source.read_text(), str(_source), "exec"), _gateway)
+
+SETTINGS = (
+    "bind",
+    "workers",
+    "worker_class",
+    "worker_connections",
+    "timeout",
+    "graceful_timeout",
+    "keepalive",
+    "accesslog",
+    "errorlog",
+    "forwarded_allow_ips",
+)
+globals().update({name: _gateway[name] for name in SETTINGS})

@@ -1,0 +1,60 @@
+"""The benchmark harness runs end to end and reports every row, so that it cannot rot.
+
+A handful of requests only: no figure is checked against a time, only that each
+scenario of each target and the memory benchmark produced a row without failed requests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.run import ratio, scenarios
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CONCURRENCY = 3
+
+
+def table_rows(output: str, columns: int) -> list[list[str]]:
+    """Return the cells of the Markdown table rows with ``columns`` columns, headers skipped."""
+    rows = []
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == columns and not cells[0].startswith("-"):
+            rows.append(cells)
+    return rows[1:] if rows else rows
+
+
+def run_bench(*arguments: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "bench/run.py", *arguments]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_the_harness_reports_every_scenario_of_every_target(database_url):
+    arguments = ["--requests", "6", "--rounds", "1", "--concurrency", str(CONCURRENCY)]
+    targets = ["floor", "gateway-sqlite"]
+    if database_url.startswith("postgresql"):
+        arguments += ["--database-url", database_url]
+        targets.append("gateway-pg")
+
+    done = run_bench(*arguments, "--streams", "8")
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    throughput = table_rows(done.stdout, 13)
+    expected = {
+        (scenario.name, target) for scenario in scenarios(CONCURRENCY) for target in targets
+    }
+    assert {(row[0], row[1]) for row in throughput} == expected
+    assert len(throughput) == len(expected)
+    for row in throughput:
+        assert row[-1] == "0", row
+        assert float(row[2].replace(",", "")) >= 0 and float(row[4]) > 0
+    memory = table_rows(done.stdout.split("\n\n", 1)[1], 6)
+    assert [(row[0], row[1]) for row in memory] == [("floor", "8"), ("gateway-sqlite", "8")]
+
+
+def test_a_ratio_to_a_floor_that_measured_nothing_is_a_dash():
+    # A handful of requests can use less than one clock tick of the floor's CPU.
+    assert ratio(3.0, 0.0) == "-"
+    assert ratio(3.0, 2.0) == "1.50"
