@@ -44,6 +44,9 @@ worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))
 timeout = 60
 # On SIGTERM workers stop accepting and let streams in flight finish for this long.
 graceful_timeout = 30
+# gunicorn's runtime control socket defaults to one path per user, which every instance on
+# the host would share (and fight over); nothing here manages workers through it.
+control_socket_disable = True
 # Longer than nginx's and load balancers' upstream keep-alive, so they close first.
 keepalive = 75
 # The app writes one access line per request itself (app/observability/logs.py), with
