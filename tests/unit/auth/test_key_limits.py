@@ -20,9 +20,9 @@ from tests.factories import AccountFactory
 
 
 def record_generation(account_id: int, key_id: int, cost: str, created_at) -> None:
-    """Charge a generation of ``cost`` through the ledger, as settlement records it."""
+    """Charge a generation of ``cost`` on the key through the ledger, as settlement does."""
     amount = Decimal(cost)
-    held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60)
+    held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60, key_id=key_id)
     generation_id = f"gen-{uuid.uuid4().hex}"
     record = {
         "id": generation_id,
