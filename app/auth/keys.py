@@ -24,7 +24,7 @@ from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
 from app.catalog.registry import current_catalog
 from app.completions.models import Generation
 from app.credits.accounts import find_account_or_raise
-from app.credits.ledger import month_start, spend_month
+from app.credits.ledger import spend_month
 from app.database import BoundStatement, utcnow
 from app.extensions import db
 
@@ -179,8 +179,9 @@ def update_key_limits(
 ) -> ApiKey:
     """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
 
-    The key's spend this month is recounted from its generations, so a limit set in the
-    middle of a month counts what was already spent.
+    Every hold and charge is kept on the key's row (see ``app.credits.ledger``), so a
+    limit set in the middle of a month counts what was already spent and what the key's
+    running requests hold.
 
     :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
     :raise KeyNotFound: no key has ``key_id``.
@@ -193,11 +194,8 @@ def update_key_limits(
     if key is None:
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
-    now = utcnow()
     key.permitted_models = models
     key.monthly_limit = limit
-    key.month_spent = _spent_since(key_id, month_start(now))
-    key.spend_month = spend_month(now)
     db.session.commit()
     return key
 

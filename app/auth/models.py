@@ -20,10 +20,11 @@ class ApiKey(db.Model):
     """A named key of an account; deleting it erases its digest and keeps the row.
 
     A key may be limited to some models (``permitted_models``; None permits every model)
-    and to a monthly spend in USD (``monthly_limit``; None is no limit). For a limited
-    key, ``month_spent`` is what it was charged in ``spend_month`` (``YYYYMM``, UTC) and
-    ``month_reserved`` what its open holds set aside: a hold is placed only while
-    spent + reserved + the hold stay within the limit, in the hold's transaction.
+    and to a monthly spend in USD (``monthly_limit``; None is no limit). For every key,
+    ``month_spent`` is what it was charged in ``spend_month`` (``YYYYMM``, UTC) and
+    ``month_reserved`` what its open holds set aside; for a limited key a hold is placed
+    only while spent + reserved + the hold stay within the limit, in the hold's
+    transaction.
     """
 
     __tablename__ = "api_keys"

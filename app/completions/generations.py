@@ -131,7 +131,9 @@ def _hold_worst_case(
         account_id=caller.account_id,
         amount=worst,
         ttl_seconds=ttl_seconds,
-        key_id=caller.key_id if caller.monthly_limit is not None else None,
+        # Every hold reserves on its key, limited or not, so that the key's month is exact
+        # whenever a limit is put on it.
+        key_id=caller.key_id,
     )
 
 

@@ -5,11 +5,14 @@ The invariants: an account's ``balance`` equals the sum of its ledger entries; i
 zero. Every change to a balance is a conditional UPDATE plus a ledger INSERT committed
 together, so concurrent requests cannot overspend and no charge is lost or doubled.
 
-A key with a monthly limit is held to it the same way: its hold's transaction also
-reserves the amount on the key's row, under the condition that the month's spend plus
-what the key's open holds reserve stays within the limit, and settlement moves the
-reservation to the month's spend. Statements take the account's row before the key's,
-so that two transactions never wait on each other's rows.
+Every hold is also reserved on its key's row, and settlement moves the key's
+reservation to its month's spend, so that a key's ``month_spent`` and ``month_reserved``
+are exact at all times, whether it has a monthly limit or not. A key with a limit is held
+to it the same way as an account to its balance: its hold's reservation is conditional
+on the month's spend plus what the key's open holds reserve staying within the limit; a
+limit put on a key in use counts its running requests' holds from that moment. Statements
+take the account's row before the key's, so that two transactions never wait on each
+other's rows.
 """
 
 from __future__ import annotations
@@ -211,8 +214,8 @@ def place_hold(
 ) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
     """Set ``amount`` aside for a request, or return why it cannot be covered.
 
-    With ``key_id`` (a key with a monthly limit) the amount is also reserved on the
-    key's allowance for the month, in the same transaction. Holds left behind by dead
+    With ``key_id`` the amount is also reserved on the key's row, in the same
+    transaction, within the key's monthly limit if it has one. Holds left behind by dead
     workers are released first when they stand in the way.
     """
     held = _try_place_hold(account_id, amount, ttl_seconds, key_id)
@@ -299,7 +302,7 @@ def settle_hold(
     A cost above the hold (or a hold that expired meanwhile) is charged as far as the
     balance and the key's monthly limit allow, never below zero or past the limit; what
     is left unpaid is logged, and is the generation record's shortfall. A hold placed on
-    a key's monthly allowance moves from the key's reservation to its spend.
+    a key moves from the key's reservation to its month's spend.
     """
     try:
         charge = _settle_once(hold, cost, generation_id, records)

@@ -178,3 +178,33 @@ def test_a_request_running_when_its_key_changes_is_still_charged(
     assert again.status_code == status_after
     audit = runner.invoke(args=["ledger", "audit"])
     assert audit.exit_code == 0, audit.output
+
+
+def test_a_limit_set_while_a_request_runs_counts_its_hold_and_charge(
+    app, gateway, scripted, make_funded_key
+):
+    scripted.script("/own", Reply("openai_chat", pause=0.8))
+    funded = make_funded_key(Decimal("1"))
+    body = {"model": "slow-model", "messages": HELLO}
+    thread, outcome = in_background(gateway, funded.key, body)
+    time.sleep(0.5)
+    # Below the running request's hold (512 completion tokens at $0.40/M), above the next's.
+    limit = Decimal("0.0001")
+    with app.app_context():
+        keys.update_key_limits(funded.key_id, permitted_models=None, monthly_limit=limit)
+    refused = requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {funded.key}"},
+        json={**body, "max_tokens": 1},
+        timeout=30,
+    )
+    assert refused.status_code == 402, refused.text
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    assert "the key has $0 left this month" in refused.json()["error"]["message"]
+    thread.join()
+    assert outcome["response"].status_code == 200, outcome["response"].text
+    _, (generation,) = charges_of(app, funded.account_id)
+    with app.app_context():
+        key = db.session.get(ApiKey, funded.key_id)
+        db.session.refresh(key)
+        assert (key.month_spent, key.month_reserved) == (generation.cost, 0)

@@ -30,8 +30,8 @@ from app.credits.audit import audit_ledger
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
 from app.credits.pricing import Pricing, cost_of, worst_case_cost
-from app.credits.sweeper import sweep_expired_holds, sweep_interval
-from app.database import Money
+from app.credits.sweeper import LiveHolds, renew_live_holds, sweep_expired_holds, sweep_interval
+from app.database import Money, UTCDateTime
 from app.extensions import db
 from app.providers.base import ChatRequest, RouteTarget, Usage
 from tests.simulation.upstream import SCRIPT_FIELD, SimulatedAdapter
@@ -75,6 +75,65 @@ def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> Non
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
+
+
+class Workers:
+    """The simulated gunicorn workers' memories: each one's registry of live holds.
+
+    It stands in for the process-wide ``live_holds`` the generation lifecycle tracks its
+    holds in, and files each hold under the worker that started its request. A worker that
+    dies loses its registry with the rest of its memory, so its holds are renewed no more.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.registries: dict[int, LiveHolds] = {}
+        self.serving: int | None = None
+        monkeypatch.setattr(generations, "live_holds", self)
+
+    def registry(self, worker: int) -> LiveHolds:
+        """The live holds of ``worker`` (a new worker starts with none)."""
+        return self.registries.setdefault(worker, LiveHolds())
+
+    def track(self, hold_id: str, owner: object) -> None:
+        """Renew ``hold_id`` in the registry of the worker now starting a request."""
+        assert self.serving is not None, "a hold was placed outside a worker"
+        self.registry(self.serving).track(hold_id, owner)
+
+    def forget(self, hold_id: str) -> None:
+        """Stop renewing ``hold_id``: its request settled, in whichever worker ran it."""
+        for registry in self.registries.values():
+            registry.forget(hold_id)
+
+    def start(
+        self,
+        worker: int,
+        key_value: str,
+        model: Model,
+        request: ChatRequest,
+        clock: SimulatedClock,
+        ttl: int,
+    ) -> Generation | int:
+        """``start`` the request in ``worker``, which renews its hold from then on."""
+        self.serving = worker
+        try:
+            return start(key_value, model, request, clock, ttl)
+        finally:
+            self.serving = None
+
+    def kill(self, worker: int, running: Iterable[Generation]) -> None:
+        """The worker died with ``running``: none settles, none of their holds is renewed."""
+        for generation in running:
+            bury(generation)
+        self.registries.pop(worker, None)
+
+    def sweep(self, app: Flask, workers: Iterable[int]) -> int:
+        """The sweepers of ``workers`` run: each renews its live holds, then expired ones go.
+
+        Returns how many holds were released.
+        """
+        for worker in workers:
+            renew_live_holds(app, self.registry(worker))
+        return sweep_expired_holds(app)
 
 
 def simulated_models(adapter: SimulatedAdapter) -> list[Model]:
@@ -187,7 +246,7 @@ def start(
         db.session.rollback()
         return INSUFFICIENT
     # The lifecycle's own timestamps must come from the simulated clock too.
-    generation.started = generation.hold_renewed = clock.monotonic()
+    generation.started = clock.monotonic()
     return generation
 
 
@@ -213,11 +272,6 @@ def bury(generation: Generation) -> None:
     closed when collected, so the generation is marked as if nothing is left to settle.
     """
     generation.settled = True
-
-
-def sweep(app: Flask) -> int:
-    """One run of a worker's sweeper, in its own application context and session."""
-    return sweep_expired_holds(app)
 
 
 def body_cost(body: dict[str, Any]) -> Decimal | None:
@@ -297,12 +351,20 @@ def account_states(account_ids: list[int]) -> dict[int, AccountState]:
 
 @dataclass(frozen=True)
 class KeyState:
-    """A key's monthly limit and reservation, beside what it spent and holds this month."""
+    """A key's row (limit, month's spend, reservation) beside the sums they must equal."""
 
     monthly_limit: Decimal | None
+    month_spent: Decimal
     reserved: Decimal
     open_holds_sum: Decimal
     spent_this_month: Decimal
+
+    @property
+    def allowance(self) -> Decimal | None:
+        """What the key may still hold or be charged this month (None: no limit)."""
+        if self.monthly_limit is None:
+            return None
+        return max(self.monthly_limit - self.month_spent - self.reserved, Decimal(0))
 
 
 _KEY_IDS = bindparam("key_ids", expanding=True)
@@ -311,24 +373,35 @@ _open_on_key = (
     .where(Hold.api_key_id == ApiKey.id, Hold.status == ledger.OPEN)
     .scalar_subquery()
 )
+_charged_this_month = (
+    select(func.coalesce(func.sum(GenerationRecord.cost), 0))
+    .where(
+        GenerationRecord.api_key_id == ApiKey.id,
+        GenerationRecord.created_at >= bindparam("since", type_=UTCDateTime()),
+    )
+    .scalar_subquery()
+)
 _KEY_STATES = select(
-    ApiKey.id, ApiKey.monthly_limit, ApiKey.month_reserved, type_coerce(_open_on_key, Money())
+    ApiKey.id,
+    ApiKey.monthly_limit,
+    type_coerce(
+        case((ApiKey.spend_month == bindparam("month"), ApiKey.month_spent), else_=0), Money()
+    ),
+    ApiKey.month_reserved,
+    type_coerce(_open_on_key, Money()),
+    type_coerce(_charged_this_month, Money()),
 ).where(ApiKey.id.in_(_KEY_IDS))
 
 
 def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
-    """Each key's limit and reservation, its allowance's open holds, its spend this month."""
-    rows = db.session.execute(_KEY_STATES, {"key_ids": key_ids}).all()
-    since = ledger.month_start(now)
-    return {
-        key_id: KeyState(
-            monthly_limit=limit,
-            reserved=reserved,
-            open_holds_sum=held,
-            spent_this_month=Decimal(0) if limit is None else keys.key_spend(key_id, since=since),
-        )
-        for key_id, limit, reserved, held in rows
+    """Each key's row, its open holds and what its generations were charged this month."""
+    parameters = {
+        "key_ids": key_ids,
+        "month": ledger.spend_month(now),
+        "since": ledger.month_start(now),
     }
+    rows = db.session.execute(_KEY_STATES, parameters).all()
+    return {key_id: KeyState(*state) for key_id, *state in rows}
 
 
 def open_holds(account_ids: list[int]) -> list[OpenHold]:
@@ -349,6 +422,7 @@ class Settlement:
 
     records: list[Any]
     charges: list[Decimal]
+    shortfalls: list[Decimal]
 
 
 def settlement(generation_id: str) -> Settlement:
@@ -359,6 +433,7 @@ def settlement(generation_id: str) -> Settlement:
             GenerationRecord.completion_tokens,
             GenerationRecord.cached_tokens,
             GenerationRecord.cost,
+            GenerationRecord.shortfall,
         ).where(GenerationRecord.id == generation_id)
     ).all()
     charges = db.session.scalars(
@@ -366,13 +441,35 @@ def settlement(generation_id: str) -> Settlement:
             LedgerEntry.generation_id == generation_id, LedgerEntry.kind == ledger.CHARGE
         )
     ).all()
-    return Settlement(records=list(records), charges=[-amount for amount in charges])
+    return Settlement(
+        records=[record[:4] for record in records],
+        charges=[-amount for amount in charges],
+        shortfalls=[record[4] for record in records],
+    )
 
 
-def audit_problems(account_ids: Iterable[int], generation_ids: Iterable[str]) -> list[str]:
-    """What ``flask ledger audit`` finds wrong with these accounts and generations."""
-    subjects = {f"account {i}" for i in account_ids} | {f"generation {g}" for g in generation_ids}
-    return [str(m) for m in audit_ledger().mismatches if m.subject in subjects]
+@dataclass(frozen=True)
+class Audit:
+    """What ``flask ledger audit`` reports of some accounts and generations."""
+
+    mismatches: list[str]
+    # The ids of the generations it reports as not paid in full.
+    shortfalls: set[str]
+
+
+def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
+    """Run ``flask ledger audit``'s checks; keep what concerns these accounts and generations."""
+    generation_subjects = {f"generation {g}": g for g in generation_ids}
+    subjects = {f"account {i}" for i in account_ids} | set(generation_subjects)
+    report = audit_ledger()
+    return Audit(
+        mismatches=[str(m) for m in report.mismatches if m.subject in subjects],
+        shortfalls={
+            generation_subjects[m.subject]
+            for m in report.shortfalls
+            if m.subject in generation_subjects
+        },
+    )
 
 
 def plant_hold_without_balance_condition(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,6 +505,16 @@ def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
         return settle(hold, cost=hold.amount if cost else cost, **kwargs)
 
     monkeypatch.setattr(generations, "settle_hold", settle_the_hold)
+
+
+def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: usage beyond the hold goes unpaid, whatever the balance."""
+    settle = ledger.settle_hold
+
+    def settle_within_the_hold(hold: ledger.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
+        return settle(hold, cost=min(cost, hold.amount), **kwargs)
+
+    monkeypatch.setattr(generations, "settle_hold", settle_within_the_hold)
 
 
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,19 +49,18 @@ class SimulationFailure(AssertionError):
 class Faults:
     """Which faults a run injects beyond the ordinary ones (failures, hang-ups, deaths).
 
-    Each is off by default while the ledger does not survive it: a strict xfail in
-    test_simulation.py runs it, and turns into a failure once it is survived.
+    All are on by default; turning one off narrows a replay down to the others.
     """
 
     # The upstream reports more usage than the hold covers.
-    overuse: bool = False
+    overuse: bool = True
     # A key is deleted while one of its requests is still running.
-    delete_keys_in_flight: bool = False
+    delete_keys_in_flight: bool = True
     # A caller reads its stream slower than the upstream writes: the gateway does not
     # pull, so no read timeout ends the request however long it stalls.
-    slow_callers: bool = False
+    slow_callers: bool = True
     # A monthly limit is put on a key while requests it admitted without one still run.
-    limit_keys_in_flight: bool = False
+    limit_keys_in_flight: bool = True
 
 
 @dataclass
@@ -133,6 +132,7 @@ class Simulation:
         self.random = random.Random(seed)
         self.clock = driver.SimulatedClock(START)
         driver.install_clock(monkeypatch, self.clock)
+        self.processes = driver.Workers(monkeypatch)
         self.adapter = SimulatedAdapter()
         self.models = driver.simulated_models(self.adapter)
         self.ttl = int(app.config["HOLD_TTL_SECONDS"])
@@ -143,6 +143,8 @@ class Simulation:
         self.requests: list[SimRequest] = []
         self.live: list[SimRequest] = []
         self.hold_owners: dict[str, SimRequest] = {}
+        # The generations charged less than their price: the audit must report just these.
+        self.shortfalls: set[str] = set()
         self.workers = list(range(WORKERS))
         self.schedule: list[str] = []
         self.step = 0
@@ -250,7 +252,7 @@ class Simulation:
         self.requests.append(request)
         self.adapter.scripts[request.number] = request.script
         chat = driver.chat_request(request.number, model, stream=stream, max_tokens=max_tokens)
-        outcome = driver.start(value, model, chat, self.clock, self.ttl)
+        outcome = self.processes.start(request.worker, value, model, chat, self.clock, self.ttl)
         return f"start {request.name} max_tokens={max_tokens}: " + self.started(
             request, outcome, expected
         )
@@ -293,11 +295,9 @@ class Simulation:
 
     def key_short(self, key: SimKey, amount: Decimal) -> bool:
         """Whether the key's monthly limit leaves less than ``amount`` this month."""
-        if key.monthly_limit is None:
-            return False
-        state = driver.key_states([key.id], self.clock.now())[key.id]
+        allowance = driver.key_states([key.id], self.clock.now())[key.id].allowance
         driver.end_reads()
-        return key.monthly_limit - state.spent_this_month - state.reserved < amount
+        return allowance is not None and allowance < amount
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey, str, int | None]:
         """A key value to call with, and the refusal it must get (None: it is valid)."""
@@ -395,8 +395,8 @@ class Simulation:
         """A worker dies: its requests vanish without settling; a new worker takes its place."""
         worker = self.random.choice(self.workers)
         victims = [r for r in self.live if r.worker == worker]
+        self.processes.kill(worker, [r.generation for r in victims])
         for request in victims:
-            driver.bury(request.generation)
             request.chunks = None
             request.state = DEAD
             self.live.remove(request)
@@ -404,14 +404,18 @@ class Simulation:
         return f"worker {worker} died with {[r.number for r in victims]}"
 
     def charge_cap(self, request: SimRequest) -> Decimal:
-        """What the account has for this request if it settles in the next step."""
+        """What may be charged for this request if it settles in the next step.
+
+        Its hold if still open, and beyond it what the account has available and the
+        key's monthly limit still allows.
+        """
         hold_id, amount = driver.hold_of(request.generation)
         state = driver.account_states([request.account.id])[request.account.id]
-        available = state.balance - state.reserved
-        if driver.hold_is_open(hold_id):
-            available += amount
+        allowance = driver.key_states([request.key.id], self.clock.now())[request.key.id].allowance
+        held = amount if driver.hold_is_open(hold_id) else Decimal(0)
         driver.end_reads()
-        return max(available, Decimal(0))
+        room = max(state.balance - state.reserved, Decimal(0))
+        return held + (room if allowance is None else min(room, allowance))
 
     def end(self, request: SimRequest, cap: Decimal, *, completed: bool, how: str) -> str:
         """The request is over: it must be settled once, at the price of what it delivered."""
@@ -422,8 +426,11 @@ class Simulation:
             request.chunks = None
         self.live.remove(request)
         usage = self.expected_usage(request, completed)
-        expected = min(driver.price(usage, request.model), cap)
-        self.check_settlement(request, usage, expected)
+        price = driver.price(usage, request.model)
+        expected = min(price, cap)
+        if expected < price:
+            self.shortfalls.add(driver.generation_id(request.generation))
+        self.check_settlement(request, usage, expected, shortfall=price - expected)
         return f"{how}: {request.name}, {request.delivered} tokens, charged ${expected}"
 
     def expected_usage(self, request: SimRequest, completed: bool) -> Usage:
@@ -436,8 +443,13 @@ class Simulation:
         prompt = script.prompt_estimate if script.early_prompt is None else script.early_prompt
         return Usage(prompt_tokens=prompt, completion_tokens=request.delivered)
 
-    def check_settlement(self, request: SimRequest, usage: Usage, expected: Decimal) -> None:
-        """One record and at most one charge, of the expected amount, as the caller was told."""
+    def check_settlement(
+        self, request: SimRequest, usage: Usage, expected: Decimal, *, shortfall: Decimal
+    ) -> None:
+        """One record and at most one charge, of the expected amount, as the caller was told.
+
+        What could not be charged is the record's shortfall.
+        """
         settled = driver.settlement(driver.generation_id(request.generation))
         driver.end_reads()
         problems = []
@@ -451,6 +463,8 @@ class Simulation:
             problems.append(f"recorded tokens {tuple(settled.records[0][:3])}, expected {usage}")
         elif settled.records[0][3] != expected:
             problems.append(f"recorded cost ${settled.records[0][3]}, expected ${expected}")
+        elif settled.shortfalls[0] != shortfall:
+            problems.append(f"recorded shortfall ${settled.shortfalls[0]}, expected ${shortfall}")
         if sum(settled.charges) != expected or len(settled.charges) != (expected > 0):
             problems.append(f"charged {settled.charges}, expected ${expected} once")
         if request.told_cost is not None and request.told_cost != expected:
@@ -502,7 +516,7 @@ class Simulation:
     def run_due_sweep(self) -> str:
         """The sweepers' periodic run."""
         self.next_sweep_at += self.sweep_every
-        released = driver.sweep(self.app)
+        released = self.processes.sweep(self.app, self.workers)
         return f"sweep released {released} holds" if released else ""
 
     def time_out(self, request: SimRequest) -> str:
@@ -511,8 +525,10 @@ class Simulation:
         return self.advance_request(request)
 
     def sweep(self) -> str:
-        """Another worker's sweeper runs now."""
-        return f"sweeper released {driver.sweep(self.app)} holds"
+        """One worker's sweeper runs now, off the others' period."""
+        worker = self.random.choice(self.workers)
+        released = self.processes.sweep(self.app, [worker])
+        return f"worker {worker}'s sweeper released {released} holds"
 
     def grant(self) -> str:
         """The operator grants credits, sometimes repeating an idempotency key."""
@@ -592,9 +608,19 @@ class Simulation:
             self.fail(problems)
 
     def audit_problems(self, account_ids: list[int]) -> list[str]:
-        """What ``flask ledger audit`` finds wrong with the simulation's accounts and requests."""
+        """What ``flask ledger audit`` finds wrong with the simulation's accounts and requests.
+
+        It must report as shortfalls exactly the generations charged less than their price.
+        """
         started = [r.generation for r in self.requests if r.generation is not None]
-        return driver.audit_problems(account_ids, map(driver.generation_id, started))
+        audit = driver.audit(account_ids, map(driver.generation_id, started))
+        problems = list(audit.mismatches)
+        if audit.shortfalls != self.shortfalls:
+            problems.append(
+                f"the audit reports shortfalls of {sorted(audit.shortfalls)}, "
+                f"expected {sorted(self.shortfalls)}"
+            )
+        return problems
 
     def balance_problems(self, states: dict[int, driver.AccountState]) -> Iterator[str]:
         """Each balance is its ledger, each reserve its holds; nothing available below zero."""
@@ -626,8 +652,11 @@ class Simulation:
                 yield f"{request.name} is running but its hold is no longer open"
 
     def key_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
-        """A key's reservation is its open holds; its month never passes its limit."""
-        keys = [k for account in self.accounts for k in account.keys if k.state != DELETED]
+        """A key's row is its open holds and its month's charges; it never passes its limit.
+
+        Deleted keys too: their rows stay, and their running requests still settle on them.
+        """
+        keys = [k for account in self.accounts for k in account.keys]
         states = driver.key_states([k.id for k in keys], self.clock.now())
         held: dict[str, Decimal] = {k.name: Decimal(0) for k in keys}
         for hold in holds:
@@ -638,13 +667,18 @@ class Simulation:
             state = states[key.id]
             if state.reserved != state.open_holds_sum:
                 yield f"key {key.name}: reserved ${state.reserved}, holds ${state.open_holds_sum}"
+            if state.month_spent != state.spent_this_month:
+                yield (
+                    f"key {key.name}: spent ${state.month_spent} this month by its row, "
+                    f"its generations were charged ${state.spent_this_month}"
+                )
             if state.monthly_limit is None:
                 continue
-            total = state.spent_this_month + held[key.name]
+            total = state.month_spent + held[key.name]
             excess = max(total - state.monthly_limit, Decimal(0))
             if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
                 yield (
-                    f"key {key.name}: spent ${state.spent_this_month} this month and holds "
+                    f"key {key.name}: spent ${state.month_spent} this month and holds "
                     f"${held[key.name]}, past its monthly limit of ${state.monthly_limit}"
                 )
             self.key_excess[key.name] = excess

@@ -69,9 +69,15 @@ class SimulatedAdapter(Adapter):
         """The script of the simulated request ``request`` carries."""
         return self.scripts[request.extra[SCRIPT_FIELD]]
 
-    def count_prompt_tokens(self, request: ChatRequest, target: RouteTarget) -> int:
-        """The gateway's estimate of the prompt, as the script says."""
+    def count_prompt_tokens(
+        self, request: ChatRequest, target: RouteTarget, *, limit: int | None = None
+    ) -> int:
+        """The gateway's count of the prompt, as the script says (whatever ``limit``)."""
         return self.script_for(request).prompt_estimate
+
+    def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
+        """A bound above the count, as a prompt's size in bytes is: a short balance recounts."""
+        return 2 * self.script_for(request).prompt_estimate
 
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
         """One token per word."""

@@ -13,16 +13,16 @@ from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.auth.keys import create_key, find_caller, key_spend, update_key_limits
 from app.auth.models import ApiKey
 from app.completions.models import Generation
-from app.credits.ledger import place_hold, settle_hold
+from app.credits.ledger import MonthlyLimitShortfall, place_hold, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from tests.factories import AccountFactory
 
 
 def record_generation(account_id: int, key_id: int, cost: str, created_at) -> None:
-    """Charge a generation of ``cost`` through the ledger, as settlement records it."""
+    """Charge a generation of ``cost`` on the key through the ledger, as settlement does."""
     amount = Decimal(cost)
-    held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60)
+    held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60, key_id=key_id)
     generation_id = f"gen-{uuid.uuid4().hex}"
     record = {
         "id": generation_id,
@@ -139,3 +139,24 @@ def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):
     record_generation(account.id, issued.id, "0.4", now)
     key = update_key_limits(issued.id, permitted_models=None, monthly_limit=Decimal("1"))
     assert key.month_spent == Decimal("0.4")
+
+
+def test_a_limit_set_while_a_request_runs_counts_its_hold_and_caps_its_charge(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    issued = create_key(email=account.email, name="k")
+    running = place_hold(
+        account_id=account.id, amount=Decimal("0.6"), ttl_seconds=60, key_id=issued.id
+    )
+    update_key_limits(issued.id, permitted_models=None, monthly_limit=Decimal("1"))
+
+    refused = place_hold(
+        account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60, key_id=issued.id
+    )
+    assert isinstance(refused, MonthlyLimitShortfall)
+    assert refused.available == Decimal("0.4")
+    # Usage beyond the hold is charged only as far as the limit still allows.
+    charged = settle_hold(running, cost=Decimal("1.5"), generation_id=f"gen-{uuid.uuid4().hex}")
+    assert charged == Decimal("1")
+    key = db.session.get(ApiKey, issued.id)
+    db.session.refresh(key)
+    assert (key.month_spent, key.month_reserved) == (Decimal("1"), 0)

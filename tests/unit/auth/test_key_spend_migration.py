@@ -1,0 +1,84 @@
+"""Migration 0008: an unlimited key's row takes its spend this month from its generations."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from flask_migrate import upgrade
+from sqlalchemy import insert, update
+
+from app import create_app
+from app.auth.keys import create_key
+from app.auth.models import ApiKey
+from app.completions.models import Generation
+from app.credits.accounts import create_account
+from app.credits.ledger import month_start, spend_month
+from app.database import utcnow
+from app.extensions import db
+from tests.conftest import TEST_CATALOG, _fresh_postgres_database
+
+
+@pytest.fixture
+def empty_database_url(database_url: str, tmp_path) -> Iterator[str]:
+    """A database of its own, on the session's backend, that no migration has run on."""
+    if database_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'migrated.sqlite3'}"
+        return
+    yield from _fresh_postgres_database(os.environ["TEST_DATABASE_URL"])
+
+
+def charge(account_id: int, key_id: int, cost: str, created_at) -> None:
+    """Record a generation of the key that was charged ``cost``."""
+    db.session.execute(
+        insert(Generation),
+        {
+            "id": f"gen-{uuid.uuid4().hex}",
+            "account_id": account_id,
+            "api_key_id": key_id,
+            "model": "dev-chat",
+            "completion_tokens": 1000,
+            "price_completion": Decimal(cost) * 1000,
+            "cost": Decimal(cost),
+            "status": "completed",
+            "created_at": created_at,
+        },
+    )
+
+
+def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_url):
+    app = create_app(
+        "testing", {"SQLALCHEMY_DATABASE_URI": empty_database_url, "MODEL_CATALOG": TEST_CATALOG}
+    )
+    with app.app_context():
+        upgrade(revision="0007")
+        account = create_account(email=f"{uuid.uuid4().hex}@example.com")
+        unlimited = create_key(email=account.email, name="unlimited")
+        limited = create_key(email=account.email, name="limited", monthly_limit=Decimal("5"))
+        idle = create_key(email=account.email, name="idle")
+        now = utcnow()
+        for key_id in (unlimited.id, limited.id):
+            charge(account.id, key_id, "0.25", now)
+            charge(account.id, key_id, "7", month_start(now) - timedelta(seconds=1))
+        # The limited key's row was kept by the ledger: the migration leaves it alone.
+        db.session.execute(
+            update(ApiKey).where(ApiKey.id == limited.id).values(month_spent=Decimal("0.5"))
+        )
+        db.session.execute(update(ApiKey).values(spend_month=spend_month(now) - 1))
+        db.session.commit()
+
+        upgrade(revision="0008")
+
+        rows = {key.id: key for key in db.session.query(ApiKey)}
+        assert rows[unlimited.id].month_spent == Decimal("0.25")
+        assert rows[unlimited.id].spend_month == spend_month(now)
+        assert rows[idle.id].month_spent == 0
+        assert rows[idle.id].spend_month == spend_month(now)
+        assert rows[limited.id].month_spent == Decimal("0.5")
+        assert rows[limited.id].spend_month == spend_month(now) - 1
+        db.session.remove()
+        db.engine.dispose()
