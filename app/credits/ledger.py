@@ -27,6 +27,7 @@ from decimal import Decimal
 from sqlalchemy import bindparam, case, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
@@ -266,8 +267,11 @@ def _monthly_limit_shortfall(key_id: int, amount: Decimal) -> MonthlyLimitShortf
             _keys.c.id == key_id
         ),
         {"month": spend_month(utcnow())},
-    ).one()
+    ).first()
     db.session.commit()
+    if key is None:
+        # The key's row was removed outright after the caller was authenticated.
+        raise InvalidKey()
     limit = key.monthly_limit or Decimal(0)
     available = max(limit - key.spent - key.month_reserved, Decimal(0))
     return MonthlyLimitShortfall(requested=amount, available=available, monthly_limit=limit)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+import pytest
 from sqlalchemy import update
 
+from app.auth.errors import InvalidKey
 from app.auth.keys import create_key
 from app.auth.models import ApiKey
 from app.credits import ledger
@@ -98,3 +100,13 @@ def test_a_hold_without_a_key_leaves_keys_alone(app_context):
     assert held.key_id is None
     ledger.settle_hold(held, cost=Decimal("2"), generation_id="g-no-key-1")
     assert key_counters(key_id) == (0, 0)
+
+
+def test_a_hold_for_a_key_whose_row_is_gone_is_an_invalid_key_and_holds_nothing(app_context):
+    account = AccountFactory.create(credits=Decimal("5"))
+
+    with pytest.raises(InvalidKey):
+        hold(account, 987_654_321, "0.5")
+
+    db.session.expire_all()
+    assert db.session.get(Account, account.id).reserved == 0
