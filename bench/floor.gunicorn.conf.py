@@ -7,8 +7,8 @@ config/gunicorn.conf.py itself, so the floor runs exactly as the gateway does; i
 
 from pathlib import Path
 
-_gateway: dict = {}
 _source = Path(__file__).resolve().parent.parent / "config" / "gunicorn.conf.py"
+_gateway: dict = {"__file__": str(_source)}
 exec(compile(_source.read_text(), str(_source), "exec"), _gateway)
 
 SETTINGS = (
@@ -22,5 +22,6 @@ SETTINGS = (
     "accesslog",
     "errorlog",
     "forwarded_allow_ips",
+    "control_socket_disable",
 )
 globals().update({name: _gateway[name] for name in SETTINGS})
