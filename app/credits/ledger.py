@@ -24,7 +24,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import bindparam, case, func, insert, or_, select, update
+from sqlalchemy import (
+    Select,
+    String,
+    Update,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.auth.errors import InvalidKey
@@ -49,14 +61,22 @@ _amount = bindparam("amount", type_=Money())
 _month = bindparam("month")
 # What the key spent in the request's month: a new month starts from zero.
 _month_spent = case((_keys.c.spend_month == _month, _keys.c.month_spent), else_=0)
-_RESERVE = (
-    update(_accounts)
-    .where(
-        _accounts.c.id == bindparam("account_id"),
-        _accounts.c.balance - _accounts.c.reserved >= _amount,
+
+
+def _reserve_on_account(account_id_parameter: str) -> Update:
+    """Reserve ``amount`` on the account, only if its balance less its holds covers it."""
+    return (
+        update(_accounts)
+        .where(
+            _accounts.c.id == bindparam(account_id_parameter),
+            _accounts.c.balance - _accounts.c.reserved >= _amount,
+        )
+        .values(reserved=_accounts.c.reserved + _amount)
     )
-    .values(reserved=_accounts.c.reserved + _amount)
-)
+
+
+_RESERVE = _reserve_on_account("account_id")
+
 _DEBIT = (
     update(_accounts)
     .where(_accounts.c.id == bindparam("account_id"))
@@ -107,6 +127,46 @@ _CLOSE_HOLD = (
     .values(status=bindparam("status"))
 )
 _INSERT_ENTRY = insert(_entries)
+
+
+def _hold_in_one_statement(with_key: bool) -> Select:
+    """Build PostgreSQL's hold: _RESERVE, _RESERVE_ON_KEY and _INSERT_HOLD in one round trip.
+
+    Each step runs only if the one before it matched its row (the account's row is
+    locked before the key's, as in the separate statements); the SELECT says which did,
+    and the caller rolls back unless all did, so that nothing is applied in part. No
+    parameter is named like a column of the updated tables: SQLAlchemy would SET it.
+    """
+    reserved = _reserve_on_account("holder_id").returning(_accounts.c.id).cte("reserved")
+    gate = exists(select(reserved.c.id))
+    steps = [reserved]
+    if with_key:
+        on_key = _RESERVE_ON_KEY.where(gate).returning(_keys.c.id).cte("reserved_on_key")
+        gate = exists(select(on_key.c.id))
+        steps.append(on_key)
+    hold_row = select(
+        bindparam("hold_id", type_=String()),
+        bindparam("holder_id"),
+        _amount,
+        bindparam("key_id"),
+        bindparam("status", type_=String()),
+        bindparam("placed_at", type_=UTCDateTime()),
+        bindparam("expires_at", type_=UTCDateTime()),
+    ).where(gate)
+    inserted = (
+        insert(_holds)
+        .from_select(
+            ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"],
+            hold_row,
+        )
+        .returning(_holds.c.id)
+        .cte("inserted_hold")
+    )
+    steps.append(inserted)
+    return select(*(select(func.count()).select_from(step).scalar_subquery() for step in steps))
+
+
+_HOLD_IN_ONE_STATEMENT = {True: _hold_in_one_statement(True), False: _hold_in_one_statement(False)}
 
 
 @dataclass(frozen=True)
@@ -229,36 +289,71 @@ def place_hold(
     return held
 
 
+def _on_postgresql() -> bool:
+    return db.session.get_bind().dialect.name == "postgresql"
+
+
 def _try_place_hold(
     account_id: int, amount: Decimal, ttl_seconds: int, key_id: int | None
 ) -> HeldCredit | str:
-    reserved = db.session.execute(_RESERVE, {"account_id": account_id, "amount": amount})
-    if reserved.rowcount != 1:
-        db.session.rollback()
-        return _BALANCE_SHORT
     now = utcnow()
-    if key_id is not None:
+    hold = {
+        "id": secrets.token_hex(16),
+        "account_id": account_id,
+        "amount": amount,
+        "api_key_id": key_id,
+        "status": OPEN,
+        "created_at": now,
+        "expires_at": now + timedelta(seconds=ttl_seconds),
+    }
+    if _on_postgresql():
+        outcome = _place_hold_in_one_statement(hold, spend_month(now))
+    else:
+        outcome = _place_hold_step_by_step(hold, spend_month(now))
+    if outcome is not None:
+        db.session.rollback()
+        return outcome
+    db.session.commit()
+    return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
+
+
+def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
+    """Reserve on the account, then on the key, then record the hold; None if all applied."""
+    reserved = db.session.execute(
+        _RESERVE, {"account_id": hold["account_id"], "amount": hold["amount"]}
+    )
+    if reserved.rowcount != 1:
+        return _BALANCE_SHORT
+    if hold["api_key_id"] is not None:
         on_key = db.session.execute(
-            _RESERVE_ON_KEY, {"key_id": key_id, "amount": amount, "month": spend_month(now)}
+            _RESERVE_ON_KEY,
+            {"key_id": hold["api_key_id"], "amount": hold["amount"], "month": month},
         )
         if on_key.rowcount != 1:
-            db.session.rollback()
             return _KEY_LIMIT_REACHED
-    hold_id = secrets.token_hex(16)
-    db.session.execute(
-        _INSERT_HOLD,
-        {
-            "id": hold_id,
-            "account_id": account_id,
-            "amount": amount,
-            "api_key_id": key_id,
-            "status": OPEN,
-            "created_at": now,
-            "expires_at": now + timedelta(seconds=ttl_seconds),
-        },
-    )
-    db.session.commit()
-    return HeldCredit(id=hold_id, account_id=account_id, amount=amount, key_id=key_id)
+    db.session.execute(_INSERT_HOLD, hold)
+    return None
+
+
+def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
+    """Do what _place_hold_step_by_step does in one round trip to PostgreSQL."""
+    with_key = hold["api_key_id"] is not None
+    parameters = {
+        "hold_id": hold["id"],
+        "holder_id": hold["account_id"],
+        "amount": hold["amount"],
+        "key_id": hold["api_key_id"],
+        "status": hold["status"],
+        "placed_at": hold["created_at"],
+        "expires_at": hold["expires_at"],
+        "month": month,
+    }
+    matched = db.session.execute(_HOLD_IN_ONE_STATEMENT[with_key], parameters).one()
+    if matched[0] != 1:
+        return _BALANCE_SHORT
+    if with_key and matched[1] != 1:
+        return _KEY_LIMIT_REACHED
+    return None
 
 
 def _monthly_limit_shortfall(key_id: int, amount: Decimal) -> MonthlyLimitShortfall:
