@@ -1,5 +1,6 @@
 """Flask extensions, created unbound here and bound to the app in the factory."""
 
+from flask import Response, request
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
@@ -15,7 +16,20 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
+
+class DashboardLoginManager(LoginManager):
+    """Flask-Login, kept to the dashboard: API requests never read the session."""
+
+    def _update_remember_cookie(self, response: Response) -> Response:
+        # Flask-Login reads the session after every request, and reading it marks the
+        # answer "Vary: Cookie": API answers do not depend on cookies, and caches must
+        # not think they do. Only the dashboard signs in and out.
+        if request.blueprint != "dashboard":
+            return response
+        return super()._update_remember_cookie(response)
+
+
 db = SQLAlchemy(metadata=MetaData(naming_convention=NAMING_CONVENTION))
 migrate = Migrate()
-login_manager = LoginManager()
+login_manager = DashboardLoginManager()
 csrf = CSRFProtect()

@@ -8,6 +8,7 @@ config/gunicorn.conf.py itself, so the floor runs exactly as the gateway does; i
 from pathlib import Path
 
 _source = Path(__file__).resolve().parent.parent / "config" / "gunicorn.conf.py"
+# The settings file finds the project from its own path, as when gunicorn reads it.
 _gateway: dict = {"__file__": str(_source)}
 exec(compile(_source.read_text(), str(_source), "exec"), _gateway)
 

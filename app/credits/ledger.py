@@ -17,15 +17,31 @@ other's rows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import bindparam, case, func, insert, or_, select, update
+from sqlalchemy import (
+    Select,
+    String,
+    Update,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
@@ -49,6 +65,7 @@ _amount = bindparam("amount", type_=Money())
 _month = bindparam("month")
 # What the key spent in the request's month: a new month starts from zero.
 _month_spent = case((_keys.c.spend_month == _month, _keys.c.month_spent), else_=0)
+
 _RESERVE = (
     update(_accounts)
     .where(
@@ -57,6 +74,7 @@ _RESERVE = (
     )
     .values(reserved=_accounts.c.reserved + _amount)
 )
+
 _DEBIT = (
     update(_accounts)
     .where(_accounts.c.id == bindparam("account_id"))
@@ -107,6 +125,101 @@ _CLOSE_HOLD = (
     .values(status=bindparam("status"))
 )
 _INSERT_ENTRY = insert(_entries)
+
+
+def _with_holder_id(statement: Update) -> Update:
+    """Return ``statement`` with its ``account_id`` parameter renamed ``holder_id``.
+
+    Beside an UPDATE of api_keys, a parameter named account_id would be SET on the
+    key's row: SQLAlchemy sets every column named by a parameter of the execution.
+    """
+
+    def rename(element: Any) -> Any:
+        if isinstance(element, BindParameter) and element.key == "account_id":
+            return bindparam("holder_id", type_=element.type)
+        return None
+
+    return replacement_traverse(statement, {}, rename)
+
+
+# Built from the step-by-step statements themselves, so that both paths have one guard.
+@functools.lru_cache(maxsize=8)
+def _hold_in_one_statement(reserve: Update, reserve_on_key: Update | None) -> Select:
+    """Build PostgreSQL's hold: _RESERVE, _RESERVE_ON_KEY and _INSERT_HOLD in one round trip.
+
+    Each step runs only if the one before it matched its row (the account's row is
+    locked before the key's, as in the separate statements); the SELECT says which did,
+    and the caller rolls back unless all did, so that nothing is applied in part. No
+    parameter is named like a column of the updated tables: SQLAlchemy would SET it.
+    """
+    reserved = _with_holder_id(reserve).returning(_accounts.c.id).cte("reserved")
+    gate = exists(select(reserved.c.id))
+    steps = [reserved]
+    if reserve_on_key is not None:
+        on_key = reserve_on_key.where(gate).returning(_keys.c.id).cte("reserved_on_key")
+        gate = exists(select(on_key.c.id))
+        steps.append(on_key)
+    hold_row = select(
+        bindparam("hold_id", type_=String()),
+        bindparam("holder_id"),
+        _amount,
+        bindparam("key_id"),
+        bindparam("status", type_=String()),
+        bindparam("placed_at", type_=UTCDateTime()),
+        bindparam("expires_at", type_=UTCDateTime()),
+    ).where(gate)
+    inserted = (
+        insert(_holds)
+        .from_select(
+            ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"],
+            hold_row,
+        )
+        .returning(_holds.c.id)
+        .cte("inserted_hold")
+    )
+    steps.append(inserted)
+    return select(*(select(func.count()).select_from(step).scalar_subquery() for step in steps))
+
+
+@functools.lru_cache(maxsize=8)
+def _settlement_in_one_statement(
+    close_hold: Update, debit: Update, spend_on_key: Update | None, with_entry: bool
+) -> Select:
+    """Build PostgreSQL's settlement of a hold that covers its cost, in one round trip.
+
+    _CLOSE_HOLD, then _DEBIT, _SPEND_ON_KEY and _INSERT_ENTRY, each only if the hold was
+    still open (rows taken in the same order as the separate statements); the SELECT
+    says whether it was. A hold that was not has applied nothing, and is settled step by
+    step. No parameter is named like a column of the updated tables: SQLAlchemy would
+    SET it.
+    """
+    closed = close_hold.returning(_holds.c.id).cte("closed_hold")
+    gate = exists(select(closed.c.id))
+    debited = _with_holder_id(debit).where(gate).returning(_accounts.c.id).cte("debited")
+    steps = [closed, debited]
+    if spend_on_key is not None:
+        spent = (
+            spend_on_key.where(exists(select(debited.c.id)))
+            .returning(_keys.c.id)
+            .cte("spent_on_key")
+        )
+        steps.append(spent)
+    if with_entry:
+        entry_row = select(
+            bindparam("holder_id"),
+            bindparam("kind", type_=String()),
+            bindparam("entry_amount", type_=Money()),
+            bindparam("generation_id", type_=String()),
+            bindparam("charged_at", type_=UTCDateTime()),
+        ).where(gate)
+        entry = (
+            insert(_entries)
+            .from_select(["account_id", "kind", "amount", "generation_id", "created_at"], entry_row)
+            .returning(_entries.c.id)
+            .cte("charge_entry")
+        )
+        steps.append(entry)
+    return select(select(func.count()).select_from(closed).scalar_subquery()).add_cte(*steps)
 
 
 @dataclass(frozen=True)
@@ -232,33 +345,65 @@ def place_hold(
 def _try_place_hold(
     account_id: int, amount: Decimal, ttl_seconds: int, key_id: int | None
 ) -> HeldCredit | str:
-    reserved = db.session.execute(_RESERVE, {"account_id": account_id, "amount": amount})
-    if reserved.rowcount != 1:
-        db.session.rollback()
-        return _BALANCE_SHORT
     now = utcnow()
-    if key_id is not None:
+    hold = {
+        "id": secrets.token_hex(16),
+        "account_id": account_id,
+        "amount": amount,
+        "api_key_id": key_id,
+        "status": OPEN,
+        "created_at": now,
+        "expires_at": now + timedelta(seconds=ttl_seconds),
+    }
+    if _on_postgresql():
+        outcome = _place_hold_in_one_statement(hold, spend_month(now))
+    else:
+        outcome = _place_hold_step_by_step(hold, spend_month(now))
+    if outcome is not None:
+        db.session.rollback()
+        return outcome
+    db.session.commit()
+    return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
+
+
+def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
+    """Reserve on the account, then on the key, then record the hold; None if all applied."""
+    reserved = db.session.execute(
+        _RESERVE, {"account_id": hold["account_id"], "amount": hold["amount"]}
+    )
+    if reserved.rowcount != 1:
+        return _BALANCE_SHORT
+    if hold["api_key_id"] is not None:
         on_key = db.session.execute(
-            _RESERVE_ON_KEY, {"key_id": key_id, "amount": amount, "month": spend_month(now)}
+            _RESERVE_ON_KEY,
+            {"key_id": hold["api_key_id"], "amount": hold["amount"], "month": month},
         )
         if on_key.rowcount != 1:
-            db.session.rollback()
             return _KEY_LIMIT_REACHED
-    hold_id = secrets.token_hex(16)
-    db.session.execute(
-        _INSERT_HOLD,
-        {
-            "id": hold_id,
-            "account_id": account_id,
-            "amount": amount,
-            "api_key_id": key_id,
-            "status": OPEN,
-            "created_at": now,
-            "expires_at": now + timedelta(seconds=ttl_seconds),
-        },
-    )
-    db.session.commit()
-    return HeldCredit(id=hold_id, account_id=account_id, amount=amount, key_id=key_id)
+    db.session.execute(_INSERT_HOLD, hold)
+    return None
+
+
+def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
+    """Do what _place_hold_step_by_step does in one round trip to PostgreSQL."""
+    with_key = hold["api_key_id"] is not None
+    parameters = {
+        "hold_id": hold["id"],
+        "holder_id": hold["account_id"],
+        "amount": hold["amount"],
+        "key_id": hold["api_key_id"],
+        "status": hold["status"],
+        "placed_at": hold["created_at"],
+        "expires_at": hold["expires_at"],
+        "month": month,
+    }
+    statement = _hold_in_one_statement(_RESERVE, _RESERVE_ON_KEY if with_key else None)
+    matched = db.session.execute(statement, parameters).one()
+    if matched[0] != 1:
+        return _BALANCE_SHORT
+    if with_key and matched[1] != 1:
+        return _KEY_LIMIT_REACHED
+    return None
 
 
 def _monthly_limit_shortfall(key_id: int, amount: Decimal) -> MonthlyLimitShortfall:
@@ -331,6 +476,48 @@ def settle_hold(
 
 
 def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: Records) -> Decimal:
+    if not (
+        cost <= hold.amount
+        and _on_postgresql()
+        and _settle_covered_in_one_statement(hold, cost, generation_id)
+    ):
+        cost = _settle_step_by_step(hold, cost, generation_id)
+    for statement, parameters in records(cost):
+        db.session.execute(statement, parameters)
+    db.session.commit()
+    return cost
+
+
+def _on_postgresql() -> bool:
+    return db.session.get_bind().dialect.name == "postgresql"
+
+
+def _settle_covered_in_one_statement(hold: HeldCredit, cost: Decimal, generation_id: str) -> bool:
+    """Charge ``cost`` (at most the hold) if the hold is still open; return whether it was."""
+    on_key = _SPEND_ON_KEY if hold.key_id is not None else None
+    statement = _settlement_in_one_statement(_CLOSE_HOLD, _DEBIT, on_key, cost > 0)
+    now = utcnow()
+    closed = db.session.execute(
+        statement,
+        {
+            "hold_id": hold.id,
+            "status": SETTLED,
+            "holder_id": hold.account_id,
+            "charge": cost,
+            "released": hold.amount,
+            "key_id": hold.key_id,
+            "month": spend_month(now),
+            "kind": CHARGE,
+            "entry_amount": -cost,
+            "generation_id": generation_id,
+            "charged_at": now,
+        },
+    ).scalar_one()
+    return closed == 1
+
+
+def _settle_step_by_step(hold: HeldCredit, cost: Decimal, generation_id: str) -> Decimal:
+    """Close the hold, charge the balance and the key's month, record the charge; return it."""
     released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
     # An expired hold was released by the sweeper: nothing of it is reserved any more.
     reserved_change = hold.amount if released.rowcount == 1 else Decimal(0)
@@ -362,9 +549,6 @@ def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: R
                 "created_at": utcnow(),
             },
         )
-    for statement, parameters in records(charge):
-        db.session.execute(statement, parameters)
-    db.session.commit()
     return charge
 
 

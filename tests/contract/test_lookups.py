@@ -114,3 +114,13 @@ def test_a_key_without_limits_shows_none(live_server, funded_key):
 
     assert (data["limit"], data["limit_remaining"], data["permitted_models"]) == (None, None, None)
     assert data["usage_daily"] == data["usage_monthly"] == 0
+
+
+def test_api_answers_do_not_vary_by_cookie_but_dashboard_pages_do(live_server, funded_key):
+    api = get(live_server, "/v1/key", funded_key.key, Cookie="session=anything")
+    page = requests.get(f"{live_server.url}/signin", timeout=30)
+
+    assert api.status_code == 200
+    assert "cookie" not in api.headers.get("Vary", "").lower()
+    assert "set-cookie" not in {name.lower() for name in api.headers}
+    assert "cookie" in page.headers.get("Vary", "").lower()
