@@ -10,32 +10,33 @@ class CatalogError(ConfigurationError):
     """The catalog file cannot be served; the message names the file, entry and problem."""
 
 
-class UnknownModel(APIError):
+class NoSuchModel(APIError):
+    """A model the caller may not have: one message whatever the reason, as the contract says.
+
+    Whether the model is not served or only not to this key, the answer reads the same, so
+    that a key's limits do not reveal which models exist.
+    """
+
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(
+            f"The model '{model_id}' does not exist or you do not have access to it.",
+            param="model",
+        )
+
+
+class UnknownModel(NoSuchModel):
     """The requested model id is not in the catalog (or is disabled)."""
 
     status = 400
-    type = "invalid_request_error"
-    code = "model_not_found"
-
-    def __init__(self, model_id: str) -> None:
-        super().__init__(
-            f"The model '{model_id}' does not exist or you do not have access to it.",
-            param="model",
-        )
 
 
-class ModelNotPermitted(APIError):
+class ModelNotPermitted(NoSuchModel):
     """The model is served, but the caller's key may not use it (403)."""
 
     status = 403
-    type = "invalid_request_error"
-    code = "model_not_found"
-
-    def __init__(self, model_id: str) -> None:
-        super().__init__(
-            f"The model '{model_id}' does not exist or you do not have access to it.",
-            param="model",
-        )
 
 
 class CapabilityMissing(APIError):
@@ -46,15 +47,7 @@ class CapabilityMissing(APIError):
     code = "unsupported_parameter"
 
 
-class ModelNotFound(APIError):
+class ModelNotFound(NoSuchModel):
     """GET /v1/models/{id} names a model that is not served, or not to this caller (404)."""
 
     status = 404
-    type = "invalid_request_error"
-    code = "model_not_found"
-
-    def __init__(self, model_id: str) -> None:
-        super().__init__(
-            f"The model '{model_id}' does not exist or you do not have access to it.",
-            param="model",
-        )
