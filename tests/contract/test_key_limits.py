@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import openai
 import pytest
-import requests
 from sqlalchemy import select
 
 from app.auth.keys import create_key, key_spend
@@ -19,6 +17,7 @@ from app.database import utcnow
 from app.extensions import db
 from tests.conftest import running_server
 from tests.contract.conftest import billing_records
+from tests.contract.test_concurrency import ask as race_request
 from tests.factories import AccountFactory
 
 NO_ACCESS = "does not exist or you do not have access to it"
@@ -116,28 +115,6 @@ REQUESTS = 150
 THREADS = 32
 
 
-def race_request(url: str, key: str, index: int) -> tuple[int, Decimal]:
-    body = {
-        "model": "dev-chat-mini",
-        "messages": [{"role": "user", "content": f"race number {index}"}],
-        "max_tokens": 40,
-    }
-    if index % 2:
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
-    response = requests.post(
-        f"{url}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {key}"},
-        json=body,
-        timeout=60,
-    )
-    if response.status_code != 200:
-        return response.status_code, Decimal(0)
-    if not body.get("stream"):
-        return 200, json.loads(response.content, parse_float=Decimal)["usage"]["cost"]["total_cost"]
-    events = [e[6:] for e in response.text.split("\n\n") if e.startswith("data: {")]
-    return 200, json.loads(events[-1], parse_float=Decimal)["usage"]["cost"]["total_cost"]
-
-
 def test_racing_requests_never_take_a_key_past_its_monthly_limit(
     app, runner, database_url, tmp_path, make_limited_key
 ):
@@ -146,9 +123,9 @@ def test_racing_requests_never_take_a_key_past_its_monthly_limit(
         with ThreadPoolExecutor(THREADS) as pool:
             results = list(pool.map(lambda i: race_request(server.url, key, i), range(REQUESTS)))
 
-    statuses = [status for status, _ in results]
+    statuses = [status for status, _, _ in results]
     assert set(statuses) == {200, 402}, "the key's limit must run out during the race"
-    answered = sum(cost for status, cost in results if status == 200)
+    answered = sum(cost for status, _, cost in results if status == 200)
     with app.app_context():
         db.session.expire_all()
         balance, reserved = db.session.execute(
