@@ -11,6 +11,7 @@ from flask import Flask
 
 from app.catalog.registry import init_catalog
 from app.dashboard.session import init_sessions
+from app.database import init_database
 from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
 from app.extensions import csrf, db, migrate
@@ -46,7 +47,7 @@ def create_app(config_name: str | None = None, overrides: Mapping[str, Any] | No
 
 def register_extensions(app: Flask) -> None:
     """Bind the database, migrations, rate limits, the model catalog and dashboard sessions."""
-    db.init_app(app)
+    init_database(app)
     migrate.init_app(app, db, directory=MIGRATIONS_DIRECTORY)
     init_rate_limits(app)
     init_catalog(app)

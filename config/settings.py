@@ -21,7 +21,9 @@ class Config:
     ENV_NAME = "base"
     TESTING = False
     SQLALCHEMY_DATABASE_URI: str | None = None
-    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_pre_ping": True}
+    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {}
+    # A pooled connection unused this long is checked with a ping before it is used again.
+    DATABASE_IDLE_PING_SECONDS = 10
     SECRET_KEY: str | None = None
     REDIS_URL: str | None = None
     # Redis only shares rate-limit counters: a Redis that does not answer within this is

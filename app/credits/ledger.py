@@ -13,6 +13,11 @@ on the month's spend plus what the key's open holds reserve staying within the l
 limit put on a key in use counts its running requests' holds from that moment. Statements
 take the account's row before the key's, so that two transactions never wait on each
 other's rows.
+
+On PostgreSQL a hold, and the settlement of a hold that covers its cost, are each one
+statement that applies all of its changes or none, run alone (autocommit): one round
+trip, and the rows it locks are free when it ends. SQLite, and every other case, take
+the same steps one statement at a time in one transaction.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Insert,
+    ScalarSelect,
     Select,
     String,
     Update,
@@ -35,19 +44,20 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal_column,
     or_,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import BoundStatement, Money, UTCDateTime, utcnow
+from app.database import BoundStatement, Money, UTCDateTime, execute_alone, runs_alone, utcnow
 from app.extensions import db
 
 log = logging.getLogger(__name__)
@@ -66,14 +76,35 @@ _month = bindparam("month")
 # What the key spent in the request's month: a new month starts from zero.
 _month_spent = case((_keys.c.spend_month == _month, _keys.c.month_spent), else_=0)
 
-_RESERVE = (
-    update(_accounts)
-    .where(
-        _accounts.c.id == bindparam("account_id"),
-        _accounts.c.balance - _accounts.c.reserved >= _amount,
-    )
-    .values(reserved=_accounts.c.reserved + _amount)
+# What a hold needs of the account's row and of its key's, and what it changes there.
+# Each is written once: SQLite's step-by-step statements and PostgreSQL's one
+# statement are both built from them (when they are called, so that a test can swap one).
+_ACCOUNT_ROW = _accounts.c.id == bindparam("account_id")
+_ACCOUNT_COVERS = _accounts.c.balance - _accounts.c.reserved >= _amount
+_RESERVE_ON_ACCOUNT = {_accounts.c.reserved: _accounts.c.reserved + _amount}
+_KEY_ROW = _keys.c.id == bindparam("key_id")
+_KEY_WITHIN_LIMIT = or_(
+    _keys.c.monthly_limit.is_(None),
+    _month_spent + _keys.c.month_reserved + _amount <= _keys.c.monthly_limit,
 )
+_RESERVE_ON_KEY = {
+    _keys.c.month_spent: _month_spent,
+    _keys.c.spend_month: _month,
+    _keys.c.month_reserved: _keys.c.month_reserved + _amount,
+}
+
+
+@functools.lru_cache(maxsize=4)
+def _reserve_statement(covers: ColumnElement[bool]) -> Update:
+    """Return the conditional UPDATE reserving the amount on the account, if it covers it."""
+    return update(_accounts).where(_ACCOUNT_ROW, covers).values(_RESERVE_ON_ACCOUNT)
+
+
+@functools.lru_cache(maxsize=4)
+def _reserve_on_key_statement(within_limit: ColumnElement[bool]) -> Update:
+    """Return the conditional UPDATE reserving the amount on the key, within its limit."""
+    return update(_keys).where(_KEY_ROW, within_limit).values(_RESERVE_ON_KEY)
+
 
 _DEBIT = (
     update(_accounts)
@@ -81,21 +112,6 @@ _DEBIT = (
     .values(
         balance=_accounts.c.balance - bindparam("charge", type_=Money()),
         reserved=_accounts.c.reserved - bindparam("released", type_=Money()),
-    )
-)
-_RESERVE_ON_KEY = (
-    update(_keys)
-    .where(
-        _keys.c.id == bindparam("key_id"),
-        or_(
-            _keys.c.monthly_limit.is_(None),
-            _month_spent + _keys.c.month_reserved + _amount <= _keys.c.monthly_limit,
-        ),
-    )
-    .values(
-        month_spent=_month_spent,
-        spend_month=_month,
-        month_reserved=_keys.c.month_reserved + _amount,
     )
 )
 _SPEND_ON_KEY = (
@@ -127,7 +143,7 @@ _CLOSE_HOLD = (
 _INSERT_ENTRY = insert(_entries)
 
 
-def _with_holder_id(statement: Update) -> Update:
+def _with_holder_id(statement: ClauseElement) -> Any:
     """Return ``statement`` with its ``account_id`` parameter renamed ``holder_id``.
 
     Beside an UPDATE of api_keys, a parameter named account_id would be SET on the
@@ -142,23 +158,48 @@ def _with_holder_id(statement: Update) -> Update:
     return replacement_traverse(statement, {}, rename)
 
 
-# Built from the step-by-step statements themselves, so that both paths have one guard.
+# Built from the guards and changes the step-by-step statements are built from.
 @functools.lru_cache(maxsize=8)
-def _hold_in_one_statement(reserve: Update, reserve_on_key: Update | None) -> Select:
-    """Build PostgreSQL's hold: _RESERVE, _RESERVE_ON_KEY and _INSERT_HOLD in one round trip.
+def _hold_in_one_statement(
+    covers: ColumnElement[bool], within_limit: ColumnElement[bool] | None
+) -> Select:
+    """Build PostgreSQL's hold: the account's and key's reservations and the hold's row.
 
-    Each step runs only if the one before it matched its row (the account's row is
-    locked before the key's, as in the separate statements); the SELECT says which did,
-    and the caller rolls back unless all did, so that nothing is applied in part. No
-    parameter is named like a column of the updated tables: SQLAlchemy would SET it.
+    The guards are checked on the rows locked first (SELECT ... FOR UPDATE, the
+    account's before the key's, as in the separate statements), which yields their
+    latest versions; the UPDATEs and the INSERT then apply only if both locks matched,
+    and check nothing more of rows that nobody else can change meanwhile. So the
+    statement applies all of its steps or none, and needs no transaction around it.
+    The SELECT says which guards matched. No parameter is named like a column of the
+    updated tables: SQLAlchemy would SET it.
     """
-    reserved = _with_holder_id(reserve).returning(_accounts.c.id).cte("reserved")
-    gate = exists(select(reserved.c.id))
-    steps = [reserved]
-    if reserve_on_key is not None:
-        on_key = reserve_on_key.where(gate).returning(_keys.c.id).cte("reserved_on_key")
-        gate = exists(select(on_key.c.id))
-        steps.append(on_key)
+    covering = (
+        select(_accounts.c.id).where(_with_holder_id(_ACCOUNT_ROW), covers).with_for_update()
+    ).cte("covering_account")
+    checks = [covering]
+    if within_limit is not None:
+        within = (
+            select(_keys.c.id)
+            .where(_KEY_ROW, within_limit, exists(select(covering.c.id)))
+            .with_for_update()
+        ).cte("key_within_limit")
+        checks.append(within)
+    gate = exists(select(checks[-1].c.id))
+    steps = [
+        update(_accounts)
+        .where(_with_holder_id(_ACCOUNT_ROW), gate)
+        .values(_RESERVE_ON_ACCOUNT)
+        .returning(_accounts.c.id)
+        .cte("reserved")
+    ]
+    if within_limit is not None:
+        steps.append(
+            update(_keys)
+            .where(_KEY_ROW, gate)
+            .values(_RESERVE_ON_KEY)
+            .returning(_keys.c.id)
+            .cte("reserved_on_key")
+        )
     hold_row = select(
         bindparam("hold_id", type_=String()),
         bindparam("holder_id"),
@@ -168,7 +209,7 @@ def _hold_in_one_statement(reserve: Update, reserve_on_key: Update | None) -> Se
         bindparam("placed_at", type_=UTCDateTime()),
         bindparam("expires_at", type_=UTCDateTime()),
     ).where(gate)
-    inserted = (
+    steps.append(
         insert(_holds)
         .from_select(
             ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"],
@@ -177,21 +218,32 @@ def _hold_in_one_statement(reserve: Update, reserve_on_key: Update | None) -> Se
         .returning(_holds.c.id)
         .cte("inserted_hold")
     )
-    steps.append(inserted)
-    return select(*(select(func.count()).select_from(step).scalar_subquery() for step in steps))
+    return select(*(_row_count(check) for check in checks)).add_cte(*steps)
 
 
-@functools.lru_cache(maxsize=8)
+def _row_count(cte: CTE) -> ScalarSelect:
+    return select(func.count()).select_from(cte).scalar_subquery()
+
+
+RecordShapes = tuple[tuple[Insert, tuple[str, ...]], ...]
+
+
+@functools.lru_cache(maxsize=16)
 def _settlement_in_one_statement(
-    close_hold: Update, debit: Update, spend_on_key: Update | None, with_entry: bool
+    close_hold: Update,
+    debit: Update,
+    spend_on_key: Update | None,
+    with_entry: bool,
+    records: RecordShapes,
 ) -> Select:
-    """Build PostgreSQL's settlement of a hold that covers its cost, in one round trip.
+    """Build PostgreSQL's settlement of a hold that covers its cost, with its records.
 
-    _CLOSE_HOLD, then _DEBIT, _SPEND_ON_KEY and _INSERT_ENTRY, each only if the hold was
-    still open (rows taken in the same order as the separate statements); the SELECT
-    says whether it was. A hold that was not has applied nothing, and is settled step by
-    step. No parameter is named like a column of the updated tables: SQLAlchemy would
-    SET it.
+    _CLOSE_HOLD, then _DEBIT, _SPEND_ON_KEY, _INSERT_ENTRY and the records' INSERTs
+    (the generation's row), each only if the hold was still open (rows
+    taken in the same order as the separate statements); the SELECT says whether it was.
+    A hold that was not has applied nothing, and is settled step by step. Nothing else
+    can make a step miss its row, so the statement needs no transaction around it. No
+    parameter is named like a column of the updated tables: SQLAlchemy would SET it.
     """
     closed = close_hold.returning(_holds.c.id).cte("closed_hold")
     gate = exists(select(closed.c.id))
@@ -219,7 +271,24 @@ def _settlement_in_one_statement(
             .cte("charge_entry")
         )
         steps.append(entry)
-    return select(select(func.count()).select_from(closed).scalar_subquery()).add_cte(*steps)
+    for index, (statement, names) in enumerate(records):
+        steps.append(_record_step(statement, names, f"record{index}_", gate))
+    return select(_row_count(closed)).add_cte(*steps)
+
+
+def _record_step(statement: Insert, names: tuple[str, ...], prefix: str, gate: Any) -> CTE:
+    """Return a record's INSERT as a step applied only through ``gate``.
+
+    Its parameters take ``prefix``, so that they cannot meet the settlement's own.
+    """
+    row = select(
+        *(bindparam(prefix + name, type_=statement.table.c[name].type) for name in names)
+    ).where(gate)
+    return (
+        statement.from_select(list(names), row)
+        .returning(literal_column("1"))
+        .cte(prefix.rstrip("_"))
+    )
 
 
 @dataclass(frozen=True)
@@ -355,27 +424,38 @@ def _try_place_hold(
         "created_at": now,
         "expires_at": now + timedelta(seconds=ttl_seconds),
     }
-    if _on_postgresql():
+    if runs_alone():
         outcome = _place_hold_in_one_statement(hold, spend_month(now))
     else:
         outcome = _place_hold_step_by_step(hold, spend_month(now))
     if outcome is not None:
-        db.session.rollback()
         return outcome
-    db.session.commit()
     return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
 
 
 def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
-    """Reserve on the account, then on the key, then record the hold; None if all applied."""
+    """Reserve on the account, then on the key, then record the hold; None if all applied.
+
+    One transaction: committed if every step applied, else rolled back.
+    """
+    outcome = _apply_hold_steps(hold, month)
+    if outcome is None:
+        db.session.commit()
+    else:
+        db.session.rollback()
+    return outcome
+
+
+def _apply_hold_steps(hold: dict, month: int) -> str | None:
     reserved = db.session.execute(
-        _RESERVE, {"account_id": hold["account_id"], "amount": hold["amount"]}
+        _reserve_statement(_ACCOUNT_COVERS),
+        {"account_id": hold["account_id"], "amount": hold["amount"]},
     )
     if reserved.rowcount != 1:
         return _BALANCE_SHORT
     if hold["api_key_id"] is not None:
         on_key = db.session.execute(
-            _RESERVE_ON_KEY,
+            _reserve_on_key_statement(_KEY_WITHIN_LIMIT),
             {"key_id": hold["api_key_id"], "amount": hold["amount"], "month": month},
         )
         if on_key.rowcount != 1:
@@ -385,7 +465,7 @@ def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
 
 
 def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
-    """Do what _place_hold_step_by_step does in one round trip to PostgreSQL."""
+    """Do what _place_hold_step_by_step does in one statement, alone (PostgreSQL)."""
     with_key = hold["api_key_id"] is not None
     parameters = {
         "hold_id": hold["id"],
@@ -397,8 +477,8 @@ def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
         "expires_at": hold["expires_at"],
         "month": month,
     }
-    statement = _hold_in_one_statement(_RESERVE, _RESERVE_ON_KEY if with_key else None)
-    matched = db.session.execute(statement, parameters).one()
+    statement = _hold_in_one_statement(_ACCOUNT_COVERS, _KEY_WITHIN_LIMIT if with_key else None)
+    matched = execute_alone(statement, parameters)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
     if with_key and matched[1] != 1:
@@ -476,43 +556,49 @@ def settle_hold(
 
 
 def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: Records) -> Decimal:
-    if not (
-        cost <= hold.amount
-        and _on_postgresql()
-        and _settle_covered_in_one_statement(hold, cost, generation_id)
-    ):
-        cost = _settle_step_by_step(hold, cost, generation_id)
+    if cost <= hold.amount and runs_alone():
+        statements = records(cost)
+        if all(isinstance(statement, Insert) for statement, _ in statements) and (
+            _settle_covered_in_one_statement(hold, cost, generation_id, statements)
+        ):
+            return cost
+    cost = _settle_step_by_step(hold, cost, generation_id)
     for statement, parameters in records(cost):
         db.session.execute(statement, parameters)
     db.session.commit()
     return cost
 
 
-def _on_postgresql() -> bool:
-    return db.session.get_bind().dialect.name == "postgresql"
+def _settle_covered_in_one_statement(
+    hold: HeldCredit, cost: Decimal, generation_id: str, inserts: Sequence[BoundStatement]
+) -> bool:
+    """Charge ``cost`` (at most the hold) with its records if the hold is still open.
 
-
-def _settle_covered_in_one_statement(hold: HeldCredit, cost: Decimal, generation_id: str) -> bool:
-    """Charge ``cost`` (at most the hold) if the hold is still open; return whether it was."""
+    Return whether it was; if not, nothing was applied. One statement, alone
+    (PostgreSQL): its INSERTs are written with the charge or not at all. A record that
+    updates a row (the key's last use, once a minute) is not one of them: the key's row
+    is already updated by the charge, and a statement may update a row only once.
+    """
     on_key = _SPEND_ON_KEY if hold.key_id is not None else None
-    statement = _settlement_in_one_statement(_CLOSE_HOLD, _DEBIT, on_key, cost > 0)
+    shapes = tuple((statement, tuple(parameters)) for statement, parameters in inserts)
+    statement = _settlement_in_one_statement(_CLOSE_HOLD, _DEBIT, on_key, cost > 0, shapes)
     now = utcnow()
-    closed = db.session.execute(
-        statement,
-        {
-            "hold_id": hold.id,
-            "status": SETTLED,
-            "holder_id": hold.account_id,
-            "charge": cost,
-            "released": hold.amount,
-            "key_id": hold.key_id,
-            "month": spend_month(now),
-            "kind": CHARGE,
-            "entry_amount": -cost,
-            "generation_id": generation_id,
-            "charged_at": now,
-        },
-    ).scalar_one()
+    parameters = {
+        "hold_id": hold.id,
+        "status": SETTLED,
+        "holder_id": hold.account_id,
+        "charge": cost,
+        "released": hold.amount,
+        "key_id": hold.key_id,
+        "month": spend_month(now),
+        "kind": CHARGE,
+        "entry_amount": -cost,
+        "generation_id": generation_id,
+        "charged_at": now,
+    }
+    for index, (_, record) in enumerate(inserts):
+        parameters.update({f"record{index}_{name}": value for name, value in record.items()})
+    closed = execute_alone(statement, parameters)[0][0]
     return closed == 1
 
 

@@ -1,0 +1,110 @@
+"""Pooled database connections: one lost while idle is replaced before a request uses it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy
+from sqlalchemy.exc import OperationalError
+
+from app import create_app
+from app.database import execute_alone
+from app.extensions import db
+from tests.conftest import TEST_CATALOG
+
+APPLICATION_NAME = "gateway-idle-ping-test"
+HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
+
+
+@pytest.fixture
+def postgres_url(database_url: str) -> str:
+    if not database_url.startswith("postgresql"):
+        pytest.skip("only a database server can drop a pooled connection")
+    return database_url
+
+
+def app_pinging_after(database_url: str, idle_seconds: float):
+    """The app on the test database, its connections named so that a test can drop them."""
+    return create_app(
+        "testing",
+        {
+            "SQLALCHEMY_DATABASE_URI": database_url,
+            "MODEL_CATALOG": TEST_CATALOG,
+            "SQLALCHEMY_ENGINE_OPTIONS": {"connect_args": {"application_name": APPLICATION_NAME}},
+            "DATABASE_IDLE_PING_SECONDS": idle_seconds,
+        },
+    )
+
+
+@pytest.fixture
+def drop_connections(postgres_url: str) -> Iterator:
+    """Return a function that ends the test app's server connections, as a restart would."""
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+
+    def backends(connection: sqlalchemy.Connection, query: str) -> int:
+        rows = connection.execute(sqlalchemy.text(query), {"name": APPLICATION_NAME}).all()
+        return len(rows)
+
+    def drop() -> int:
+        with admin.connect() as connection:
+            dropped = backends(
+                connection,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = :name",
+            )
+            # The server ends them asynchronously: wait until they are gone.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and backends(
+                connection, "SELECT pid FROM pg_stat_activity WHERE application_name = :name"
+            ):
+                time.sleep(0.01)
+        return dropped
+
+    yield drop
+    admin.dispose()
+
+
+def complete(client, key: str):
+    return client.post(
+        "/v1/chat/completions", json=HELLO, headers={"Authorization": f"Bearer {key}"}
+    )
+
+
+def query_both_engines(app) -> None:
+    """Run a statement on a pooled connection of each engine: the session's and the one alone."""
+    with app.app_context():
+        db.session.execute(sqlalchemy.text("SELECT 1"))
+        db.session.commit()
+        execute_alone(sqlalchemy.text("SELECT 1"), {})
+
+
+def test_connections_lost_while_idle_are_replaced_before_use(
+    postgres_url, drop_connections, funded_key
+):
+    app = app_pinging_after(postgres_url, idle_seconds=0.2)
+    client = app.test_client()
+    assert complete(client, funded_key.key).status_code == 200
+    query_both_engines(app)
+
+    assert drop_connections() >= 2
+    time.sleep(0.3)
+
+    query_both_engines(app)
+    assert complete(client, funded_key.key).status_code == 200
+
+
+def test_a_connection_used_again_soon_is_not_pinged(postgres_url, drop_connections):
+    # The price of no round trip per checkout: a connection lost between two close uses
+    # fails its next statement, and the engine's pool then starts afresh.
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    query_both_engines(app)
+
+    drop_connections()
+
+    with app.app_context(), pytest.raises(OperationalError):
+        execute_alone(sqlalchemy.text("SELECT 1"), {})
+    with app.app_context(), pytest.raises(OperationalError):
+        db.session.execute(sqlalchemy.text("SELECT 1"))
+    query_both_engines(app)
