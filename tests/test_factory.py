@@ -65,3 +65,14 @@ def test_rate_limits_default_per_key_and_can_be_turned_off():
     unlimited = create_app("testing", {"RATE_LIMIT": "off", "REDIS_URL": "redis://r:6379/1"})
     assert unlimited.config["RATELIMIT_ENABLED"] is False
     assert unlimited.config["RATELIMIT_STORAGE_URI"] == "redis://r:6379/1"
+
+
+def test_only_pages_outside_the_api_open_the_cookie_session(app):
+    from flask import session
+    from flask.sessions import NullSession
+
+    with app.test_request_context("/v1/chat/completions", method="POST"):
+        assert isinstance(session._get_current_object(), NullSession)
+    with app.test_request_context("/signin"):
+        session["seen"] = True
+        assert not isinstance(session._get_current_object(), NullSession)

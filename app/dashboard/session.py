@@ -6,7 +6,7 @@ from flask import Flask, session
 from flask_login import UserMixin, login_user
 
 from app.credits.models import Account
-from app.extensions import db, login_manager
+from app.extensions import DashboardSessionInterface, db, login_manager
 
 
 class DashboardUser(UserMixin):
@@ -38,7 +38,8 @@ def start_session(account: Account) -> None:
 
 
 def init_sessions(app: Flask) -> None:
-    """Bind Flask-Login: pages that need a holder send others to the sign-in page."""
+    """Bind the dashboard's cookie sessions and Flask-Login (pages send strangers to sign in)."""
+    app.session_interface = DashboardSessionInterface()
     login_manager.init_app(app)
     login_manager.user_loader(load_user)
     login_manager.login_view = "dashboard.sign_in"
