@@ -162,14 +162,17 @@ def init_database(app: Flask) -> None:
 
 
 def runs_alone() -> bool:
-    """Tell whether statements can run alone (in autocommit): on PostgreSQL."""
+    """Tell whether statements that write run alone (in autocommit): on PostgreSQL."""
     return AUTOCOMMIT_ENGINE in current_app.extensions
 
 
 def execute_alone(statement: Executable, parameters: dict[str, Any]) -> Sequence[Row]:
-    """Run one self-contained statement in autocommit and return its rows (PostgreSQL).
+    """Run one statement on a pooled connection of its own; return its rows.
 
-    Only for a statement that is all-or-nothing by itself: nothing can roll it back.
+    The connection is back in the pool when this returns. On PostgreSQL the statement
+    runs in autocommit, so it must be all-or-nothing by itself: nothing can roll it
+    back. Elsewhere it must write nothing: its connection is rolled back on return.
     """
-    with current_app.extensions[AUTOCOMMIT_ENGINE].connect() as connection:
+    engine = current_app.extensions.get(AUTOCOMMIT_ENGINE) or db.engine
+    with engine.connect() as connection:
         return connection.execute(statement, parameters).all()

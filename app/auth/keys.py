@@ -25,7 +25,7 @@ from app.catalog.registry import current_catalog
 from app.completions.models import Generation
 from app.credits.accounts import find_account_or_raise
 from app.credits.ledger import spend_month
-from app.database import BoundStatement, execute_alone, runs_alone, utcnow
+from app.database import BoundStatement, execute_alone, utcnow
 from app.extensions import db
 
 KEY_PREFIX = "sk-gw-"
@@ -119,14 +119,10 @@ def find_caller(raw: str | None) -> Caller | None:
     value = parse_key(raw)
     if value is None:
         return None
-    parameters = {"digest": digest_key(value)}
-    if runs_alone():
-        rows = execute_alone(_FIND_CALLER, parameters)
-        row = rows[0] if rows else None
-    else:
-        # No commit: the request's next statement is the hold, which commits, so the
-        # lookup and the hold share one connection checkout and one transaction.
-        row = db.session.execute(_FIND_CALLER, parameters).first()
+    # On a connection of its own, back in the pool at once: the request may wait for its
+    # caller's body next, and a pooled connection must not wait with it.
+    rows = execute_alone(_FIND_CALLER, {"digest": digest_key(value)})
+    row = rows[0] if rows else None
     if row is None or row.state == DELETED:
         return None
     return Caller(
