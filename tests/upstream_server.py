@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import select
 import socket
@@ -45,9 +46,11 @@ class Reply:
     ``transcript`` names a file in tests/fixtures/transcripts (without ``.http``);
     ``write_size`` cuts every write into pieces of that many bytes; ``pause`` is the
     sleep between writes; ``close_after_events`` drops the connection after that many
-    events; ``stall_after_events`` goes silent after that many (until the client gives
-    up); ``hang`` never answers at all; ``repeat_event`` sends events up to that index,
-    then repeats it every ``pause`` until the client closes the connection.
+    events; ``stall_after_events`` goes silent after that many for ``stall_seconds``
+    (by default until the client gives up); ``together`` sends the head and the events
+    before the stall in one write, and the rest in another (an upstream faster than its
+    reader); ``hang`` never answers at all; ``repeat_event`` sends events up to that
+    index, then repeats it every ``pause`` until the client closes the connection.
     """
 
     transcript: str | None = None
@@ -55,6 +58,8 @@ class Reply:
     pause: float = 0.0
     close_after_events: int | None = None
     stall_after_events: int | None = None
+    stall_seconds: float = math.inf
+    together: bool = False
     hang: bool = False
     repeat_event: int | None = None
 
@@ -203,18 +208,22 @@ class ReplayServer:
             writer.wait(float("inf"))
             return False
         head, pieces = response_pieces(reply.transcript or "")
+        keep_alive = b"\r\nconnection: close\r\n" not in head.lower()
+        if reply.together:
+            writer.send_together(head, pieces)
+            return keep_alive
         writer.send(head)
         for index, piece in enumerate(pieces):
             if index == reply.close_after_events:
                 connection.shutdown(socket.SHUT_RDWR)
                 return False
             if index == reply.stall_after_events:
-                writer.wait(float("inf"))
+                writer.wait(reply.stall_seconds)
             writer.send(piece)
             if index == reply.repeat_event:
                 writer.repeat(piece)
                 return False
-        return b"\r\nconnection: close\r\n" not in head.lower()
+        return keep_alive
 
 
 class Writer:
@@ -241,6 +250,15 @@ class Writer:
                 self.connection.sendall(data[start : start + size])
             except OSError:
                 self._closed()
+
+    def send_together(self, head: bytes, pieces: list[bytes]) -> None:
+        """Write the head and the pieces before the stall at once, then the rest at once."""
+        stall = self.reply.stall_after_events
+        stall = len(pieces) if stall is None else stall
+        self.send(head + b"".join(pieces[:stall]))
+        if rest := b"".join(pieces[stall:]):
+            self.wait(self.reply.stall_seconds)
+            self.send(rest)
 
     def repeat(self, piece: bytes) -> None:
         """Send ``piece`` again and again until the client leaves (or 30 s pass)."""

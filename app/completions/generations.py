@@ -224,8 +224,12 @@ def run_completion(generation: Generation) -> dict[str, Any]:
     return completion_body(generation, completion, cost)
 
 
-def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
-    """Yield the generation's chunk bodies; settle once, however the stream ends."""
+def stream_generation(generation: Generation) -> Iterator[dict[str, Any] | None]:
+    """Yield the generation's chunk bodies; settle once, however the stream ends.
+
+    A None says that what follows may wait (for the upstream, or the settlement): the
+    bodies before it go out now. Bodies between two Nones came in one upstream read.
+    """
     meter = StreamMeter(generation)
     status = FAILED
     chunks = stream_on_routes(generation.model.routes, generation.request, generation.trace)
@@ -237,6 +241,10 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any]]:
                 generation.trace.note_first_token()
                 meter.observe(chunk)
                 yield chunk_body(generation, chunk.choices, meter.system_fingerprint)
+            if not chunk.more:
+                yield None
+        # The settlement writes to the database: what the upstream sent goes out first.
+        yield None
         meter.complete = True
         status = COMPLETED
         usage = meter.final_usage()

@@ -1,5 +1,8 @@
 """The one Server-Sent Events writer: frames chunk bodies as ``data:`` events.
 
+The events of one upstream read leave in one piece of the body, one socket send; an
+event never waits for a later read.
+
 Errors before the first event are raised to the view, which answers them with a status
 and the envelope; after it, the status is spent, so an error becomes one more event in
 the envelope shape, followed by ``[DONE]`` like any stream's end.
@@ -33,11 +36,14 @@ def frame(body: dict[str, Any]) -> bytes:
     return b"data: " + dumps(body) + b"\n\n"
 
 
-def start_stream(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def start_stream(chunks: Iterator[dict[str, Any] | None]) -> Iterator[dict[str, Any] | None]:
     """Pull the first chunk now, so that failures before any byte raise to the view."""
     first = next(chunks, _END)
+    while first is None:
+        # Nothing to send yet: a failure before the first chunk is still the view's.
+        first = next(chunks, _END)
 
-    def resumed() -> Iterator[dict[str, Any]]:
+    def resumed() -> Iterator[dict[str, Any] | None]:
         if first is not _END:
             yield first
         yield from chunks
@@ -45,27 +51,38 @@ def start_stream(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     return resumed()
 
 
-def write_events(chunks: Iterator[dict[str, Any]]) -> Iterator[bytes]:
-    """Frame ``chunks`` as events, end with ``[DONE]``, and close ``chunks`` however it ends."""
+def write_events(chunks: Iterator[dict[str, Any] | None]) -> Iterator[bytes]:
+    """Frame ``chunks`` as events, end with ``[DONE]``, and close ``chunks`` however it ends.
+
+    Events are joined into one item (one socket send) until a None among the chunks says
+    that the next may wait, and at the end.
+    """
+    framed: list[bytes] = []
     try:
         try:
             for chunk in chunks:
-                yield frame(chunk)
+                if chunk is not None:
+                    framed.append(frame(chunk))
+                elif framed:
+                    events = b"".join(framed)
+                    framed.clear()
+                    yield events
         except APIError as error:
             current_trace().error_code = error.code
-            yield frame(error.to_envelope())
+            framed.append(frame(error.to_envelope()))
         except Exception:
             log.exception("stream failed after it started")
             current_trace().error_code = "server_error"
-            yield frame(APIError(code="server_error").to_envelope())
-        yield DONE
+            framed.append(frame(APIError(code="server_error").to_envelope()))
+        framed.append(DONE)
+        yield b"".join(framed)
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
 
 
-def event_stream_response(chunks: Iterator[dict[str, Any]]) -> Response:
+def event_stream_response(chunks: Iterator[dict[str, Any] | None]) -> Response:
     """Stream ``chunks`` as a response, with the headers that keep proxies from buffering."""
     return Response(
         stream_with_context(write_events(start_stream(chunks))),

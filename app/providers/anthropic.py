@@ -469,23 +469,38 @@ class AnthropicAdapter(HttpUpstreamAdapter):
         response = self.call(request, target)
         translation = StreamTranslation()
         fingerprint = self.fingerprint(target)
+        held = False
         try:
             for event in read_events(received_chunks(response)):
                 if chunk := translation.chunk_for(event):
                     chunk.system_fingerprint = fingerprint
+                    chunk.more = held = event.more
                     yield chunk
                 if translation.finished:
                     break
+                if held and not event.more:
+                    # The read ends on an event with nothing to relay (a ping, a block's
+                    # end): what came before it goes now.
+                    yield Chunk(choices=[], system_fingerprint=fingerprint)
+                    held = False
             else:
                 raise UpstreamError("The model's upstream ended the answer early.")
+            # Yielded before the connection's release, which may wait for the body's end.
+            yield Chunk(
+                choices=[],
+                usage=self.stream_usage(translation, target),
+                system_fingerprint=fingerprint,
+            )
         finally:
             # Also when the caller went away: the upstream stops generating at once.
             release_response(response, complete=translation.finished)
+
+    def stream_usage(self, translation: StreamTranslation, target: RouteTarget) -> Usage:
+        """Return a finished stream's usage, its reasoning counted if Anthropic did not."""
         reasoning = reported_reasoning_tokens(translation.usage)
         if reasoning is None:
             reasoning = self.count_text_tokens("".join(translation.thinking), target)
-        usage = usage_from(translation.usage, reasoning)
-        yield Chunk(choices=[], usage=usage, system_fingerprint=fingerprint)
+        return usage_from(translation.usage, reasoning)
 
     def fingerprint(self, target: RouteTarget) -> str:
         """Return the system_fingerprint of this model's answers: Anthropic sends none."""

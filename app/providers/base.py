@@ -107,11 +107,17 @@ class Chunk:
     Each choice is ``{"index", "delta": {...}, "finish_reason"}`` (plus ``logprobs`` when
     asked for). An adapter ends its stream with a chunk whose ``usage`` is set (its
     ``choices`` may be empty); the gateway decides whether the caller sees it.
+
+    ``more`` says that another chunk is ready behind this one (the same upstream read
+    brought both), so the gateway may send them together; False, the default, sends
+    this one at once. An adapter that drops the event ending a read, after a chunk
+    that said ``more``, yields a chunk with neither choices nor usage in its place.
     """
 
     choices: list[dict[str, Any]]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    more: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
 @dataclass(frozen=True, slots=True)
 class ServerSentEvent:
-    """One dispatched event: its name (``message`` unless named) and its data."""
+    """One dispatched event: its name (``message`` unless named) and its data.
+
+    ``more`` says that another event completed by the same read follows it: nothing
+    need wait for the network between the two.
+    """
 
     event: str
     data: str
+    more: bool = field(default=False, compare=False)
 
 
 def split_lines(buffer: bytes) -> tuple[list[bytes], bytes]:
@@ -36,7 +41,10 @@ def split_lines(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 
 def read_events(reads: Iterable[bytes]) -> Iterator[ServerSentEvent]:
-    """Yield the events of a stream delivered as ``reads`` of any size."""
+    """Yield the events of a stream delivered as ``reads`` of any size.
+
+    Every event but the last that a read completes says ``more``.
+    """
     builder = EventBuilder()
     rest = b""
     for read in reads:
@@ -54,16 +62,22 @@ class EventBuilder:
         self.event = ""
         self.data: list[str] = []
 
-    def take(self, lines: list[bytes]) -> Iterator[ServerSentEvent]:
-        """Apply ``lines``; yield every event they complete."""
+    def take(self, lines: list[bytes]) -> list[ServerSentEvent]:
+        """Apply ``lines``; return every event they complete, all but the last with ``more``."""
+        completed: list[tuple[str, str]] = []
         for line in lines:
             if line:
                 self._take_field(line)
             elif self.data:
-                yield ServerSentEvent(self.event or "message", "\n".join(self.data))
+                completed.append((self.event or "message", "\n".join(self.data)))
                 self.event, self.data = "", []
             else:
                 self.event = ""
+        last = len(completed) - 1
+        return [
+            ServerSentEvent(event, data, more=index < last)
+            for index, (event, data) in enumerate(completed)
+        ]
 
     def _take_field(self, line: bytes) -> None:
         if line[:1] == b":":

@@ -224,10 +224,11 @@ def relay_stream(response: requests.Response, fingerprint: str) -> Iterator[Chun
     Usage may come on a chunk of its own (OpenAI, vLLM) or on the last chunk with choices;
     either way it is yielded after every choice. A stream that ends without ``[DONE]``
     is complete only if it finished its choices. Chunks carry the upstream's
-    system_fingerprint, or ``fingerprint`` when it sends none.
+    system_fingerprint, or ``fingerprint`` when it sends none, and say ``more`` while
+    their upstream read has more events.
     """
     usage: Usage | None = None
-    finished = False
+    finished = held = False
     for event in read_events(received_chunks(response)):
         if event.data == DONE:
             finished = True
@@ -240,8 +241,16 @@ def relay_stream(response: requests.Response, fingerprint: str) -> Iterator[Chun
             finished = finished or any(choice["finish_reason"] for choice in choices)
             if isinstance(payload.get("system_fingerprint"), str):
                 fingerprint = payload["system_fingerprint"]
-            yield Chunk(choices=choices, system_fingerprint=fingerprint)
+            yield Chunk(choices=choices, system_fingerprint=fingerprint, more=event.more)
+            held = event.more
+        elif held and not event.more:
+            # The read ends on an event without choices: what came before it goes now.
+            yield Chunk(choices=[], system_fingerprint=fingerprint)
+            held = False
     if not finished:
         raise UpstreamError("The model's upstream ended the answer early.")
     if usage is not None:
         yield Chunk(choices=[], usage=usage, system_fingerprint=fingerprint)
+    elif held:
+        # Releasing the connection may wait for the body's end: the last chunks go first.
+        yield Chunk(choices=[], system_fingerprint=fingerprint)

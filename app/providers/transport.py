@@ -105,21 +105,74 @@ def upstream_error_message(body: Any) -> tuple[str | None, str | None]:
 
 
 def received_chunks(response: requests.Response) -> Iterator[bytes]:
-    """Yield a streamed body's bytes as they arrive, whatever one read returns.
+    """Yield a streamed body's bytes as they arrive: each item is all that one wait brought.
 
     ``read1`` hands over what the socket has, where ``iter_content`` would wait for a
-    whole chunk size (or, without chunked encoding, for the end of the body).
+    whole chunk size (or, without chunked encoding, for the end of the body). Of a
+    chunked body it returns one HTTP chunk, the upstream's flush of one event, even when
+    many have arrived together: those already here join the same item, so that the
+    events of one upstream read can leave the gateway together.
     """
     raw = response.raw
     try:
         while chunk := raw.read1(READ_SIZE, decode_content=True):
-            yield chunk
+            received = [chunk]
+            size = len(chunk)
+            while size < READ_SIZE and next_chunk_arrived(raw):
+                chunk = raw.read1(READ_SIZE, decode_content=True)
+                received.append(chunk)
+                size += len(chunk)
+            yield b"".join(received)
     except urllib3.exceptions.ReadTimeoutError:
         log.warning("upstream %s went silent mid-stream", response.url)
         raise UpstreamTimeout("The model's upstream stopped sending mid-answer.") from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         log.warning("upstream %s: connection lost mid-stream: %s", response.url, exc)
         raise UpstreamError("The connection to the model's upstream was lost.") from None
+
+
+def next_chunk_arrived(raw: urllib3.HTTPResponse) -> bool:
+    """Whether the next HTTP chunk of a body has begun arriving: reading it will not wait.
+
+    http.client reads a chunk as the end of the one before (CRLF), a size line, then its
+    data; each read waits for the network when the connection's buffer runs dry, so the
+    buffer must hold the first two and some data. Other bodies (a length, or none) are
+    read whole per call already; an encoded one may wait inside its decoder.
+    """
+    # urllib3 keeps http.client's response, whose buffered reader and chunk state tell.
+    body = raw._fp
+    if raw.headers.get("content-encoding") or not getattr(body, "chunked", False):
+        return False
+    if body.fp is None:
+        return False
+    received = bytes_received(body.fp, raw.connection)
+    if body.chunk_left:
+        return bool(received)
+    if body.chunk_left == 0:
+        received = received[2:]
+    size_line, newline, data = received.partition(b"\n")
+    try:
+        size = int(size_line.partition(b";")[0], 16)
+    except ValueError:
+        return False
+    return bool(newline and data) and size > 0
+
+
+def bytes_received(reader: Any, connection: Any) -> bytes:
+    """Return what ``reader`` holds or its socket has ready, without waiting for more."""
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        return b""
+    timeout = sock.gettimeout()
+    # With no timeout, a read that would wait ends at once: the reader's peek returns
+    # what is buffered, or what the socket has, or nothing (TLS raises instead).
+    sock.settimeout(0)
+    try:
+        return reader.peek()
+    except OSError:
+        return b""
+    finally:
+        sock.settimeout(timeout)
 
 
 def release_response(response: requests.Response, *, complete: bool) -> None:

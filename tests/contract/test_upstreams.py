@@ -599,3 +599,45 @@ def test_a_caller_hanging_up_mid_stream_closes_the_upstream_at_once(app, gateway
     )
     assert (generation.status, generation.estimated) == ("cancelled", True)
     assert generation.completion_tokens >= 3
+
+
+def http_chunks(response):
+    """The pieces of a chunked response body, as the gateway sent them."""
+    return list(response.raw.read_chunked(decode_content=True))
+
+
+def test_events_that_arrive_together_leave_in_one_http_chunk(gateway, funded, scripted):
+    scripted.script("/third", Reply("openai_chat_stream", together=True))
+
+    response = post(
+        gateway, funded.key, {"model": "gpt-mini", "messages": HELLO, "stream": True}, stream=True
+    )
+
+    assert response.status_code == 200
+    events, done = http_chunks(response)
+    chunks = [json.loads(event[len(b"data: ") :]) for event in events.split(b"\n\n") if event]
+    # The role, nine words and the finish; then, after the settlement, the end.
+    assert len(chunks) == 11
+    assert "".join(delivered_pieces(chunks)) == "Hello! How can I help you today?"
+    assert done == b"data: [DONE]\n\n"
+
+
+def test_a_token_reaches_the_caller_while_the_upstream_is_silent(gateway, funded, scripted):
+    # The role, "Hello" and "!", then nothing for a while.
+    silence = 1.5
+    scripted.script(
+        "/third", Reply("openai_chat_stream", stall_after_events=3, stall_seconds=silence)
+    )
+    response = post(
+        gateway, funded.key, {"model": "gpt-mini", "messages": HELLO, "stream": True}, stream=True
+    )
+    pieces = response.raw.read_chunked(decode_content=True)
+    received = b""
+    while b'"!"' not in received:
+        received += next(pieces)
+    got_the_token = time.monotonic()
+
+    rest = b"".join(pieces)
+
+    assert time.monotonic() - got_the_token > silence / 2
+    assert b'"Hello"' in received and b"[DONE]" in rest

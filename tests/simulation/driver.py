@@ -251,8 +251,17 @@ def start(
 
 
 def open_stream(generation: Generation) -> Iterator[dict[str, Any]]:
-    """The chunk bodies of a streamed generation, as the SSE writer pulls them."""
-    return generations.stream_generation(generation)
+    """The chunk bodies of a streamed generation, as the SSE writer pulls them.
+
+    The Nones between bodies only pace the writer's sends; closing this closes the stream.
+    """
+    stream = generations.stream_generation(generation)
+    try:
+        for body in stream:
+            if body is not None:
+                yield body
+    finally:
+        stream.close()
 
 
 def complete(generation: Generation) -> dict[str, Any]:

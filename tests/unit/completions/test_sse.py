@@ -8,12 +8,40 @@ from app.providers.errors import UpstreamError
 
 
 def events(stream):
-    return [part for part in stream]
+    """The framed events the writer sent, however it grouped them into sends."""
+    return [event + b"\n\n" for event in b"".join(stream).split(b"\n\n")[:-1]]
 
 
 def test_chunks_are_framed_as_data_events_ending_with_done():
-    out = events(write_events(iter([{"a": 1}, {"b": "é"}])))
+    out = events(write_events(iter([{"a": 1}, None, {"b": "é"}, None])))
     assert out == [b'data: {"a":1}\n\n', 'data: {"b":"é"}\n\n'.encode(), DONE]
+
+
+def test_events_go_out_together_until_a_none_says_the_next_may_wait():
+    sends = list(write_events(iter([{"a": 1}, {"a": 2}, None, {"a": 3}, None, None])))
+
+    assert sends == [
+        b'data: {"a":1}\n\ndata: {"a":2}\n\n',
+        b'data: {"a":3}\n\n',
+        DONE,
+    ]
+
+
+def test_events_are_sent_before_the_writer_waits_for_the_next():
+    pulled = []
+
+    def chunks():
+        yield {"a": 1}
+        yield {"a": 2}
+        yield None
+        pulled.append("the next read")
+        yield {"a": 3}
+
+    writer = write_events(chunks())
+
+    assert next(writer) == b'data: {"a":1}\n\ndata: {"a":2}\n\n'
+    assert pulled == []
+    assert next(writer) == b'data: {"a":3}\n\n' + DONE
 
 
 def test_an_error_after_the_start_becomes_an_envelope_event_then_done():
@@ -51,6 +79,7 @@ def test_closing_the_writer_closes_the_chunks():
     def chunks():
         try:
             yield {"a": 1}
+            yield None
             yield {"a": 2}
         finally:
             closed.append(True)
@@ -65,6 +94,15 @@ def test_errors_before_the_first_chunk_raise_to_the_caller():
     def chunks():
         raise APIError("no upstream")
         yield  # pragma: no cover
+
+    with pytest.raises(APIError):
+        start_stream(chunks())
+
+
+def test_a_none_before_the_first_chunk_does_not_start_the_stream():
+    def chunks():
+        yield None
+        raise APIError("no upstream")
 
     with pytest.raises(APIError):
         start_stream(chunks())

@@ -450,3 +450,18 @@ def test_answers_and_every_chunk_carry_a_string_system_fingerprint(adapter, repl
     assert isinstance(fingerprint, str) and fingerprint.startswith("fp_")
     assert {chunk.system_fingerprint for chunk in chunks} == {fingerprint}
     assert MODEL not in fingerprint and "claude" not in fingerprint
+
+
+def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
+    # Events 0-7 (message_start ... content_block_stop) in one write, then the last two.
+    reply = Reply("anthropic_stream_text", together=True, stall_after_events=8, stall_seconds=0.2)
+    replay_server.script("/claude", reply)
+
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    # message_start, four text deltas; content_block_stop ended the read: an empty chunk
+    # stands for it; then the finish (message_stop follows it) and the usage.
+    assert [chunk.more for chunk in chunks] == [True] * 5 + [False, True, False]
+    assert (chunks[5].choices, chunks[5].usage) == ([], None)
+    assert joined(chunks, "content") == "The capital of France is Paris."
+    assert chunks[-1].usage is not None

@@ -54,3 +54,11 @@ def test_an_event_without_its_blank_line_is_dropped_at_the_end():
 def test_split_lines_keeps_a_trailing_cr_back():
     assert split_lines(b"a\nb\r") == ([b"a"], b"b\r")
     assert split_lines(b"a\r\nb") == ([b"a"], b"b")
+
+
+def test_every_event_but_the_last_a_read_completes_says_more():
+    reads = [b"data: a\n\ndata: b\n\ndata: c", b"\n\n", b"data: d\n\ndata: e\n\n"]
+
+    flags = [(event.data, event.more) for event in read_events(reads)]
+
+    assert flags == [("a", True), ("b", False), ("c", False), ("d", True), ("e", False)]

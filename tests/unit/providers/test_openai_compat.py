@@ -15,6 +15,7 @@ from app.providers.errors import (
     UpstreamUnavailable,
 )
 from app.providers.openai_compat import OpenAICompatAdapter
+from app.providers.transport import open_session, received_chunks
 from tests.upstream_server import Reply, closed_port, load_transcript
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -407,3 +408,36 @@ def test_an_upstream_without_a_system_fingerprint_gets_one_of_the_gateway(adapte
     assert len(fingerprints) == 1
     (fingerprint,) = fingerprints
     assert isinstance(fingerprint, str) and fingerprint.startswith("fp_")
+
+
+def test_the_events_that_arrived_together_are_one_read(replay_server):
+    replay_server.script("/third", Reply("openai_chat_stream", together=True))
+    session = open_session(1)
+
+    response = session.post(f"{replay_server.url}/third/v1/chat/completions", stream=True)
+
+    assert list(received_chunks(response)) == [load_transcript("openai_chat_stream")[1]]
+
+
+def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
+    # Events 0-11 (the role, nine words, the finish, the usage) in one write, then [DONE].
+    reply = Reply("openai_chat_stream", together=True, stall_after_events=12, stall_seconds=0.2)
+    replay_server.script("/third", reply)
+
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    assert [chunk.more for chunk in chunks] == [True] * 11 + [False, False]
+    # The usage event ended the read: an empty chunk stands for it, the usage comes last.
+    assert (chunks[-2].choices, chunks[-2].usage) == ([], None)
+    assert chunks[-1].usage is not None
+    assert streamed_text(chunks) == "Hello! How can I help you today?"
+
+
+def test_the_last_chunk_before_the_upstream_goes_silent_says_no_more(adapter, replay_server):
+    reply = Reply("openai_chat_stream", stall_after_events=3, stall_seconds=0.3)
+    replay_server.script("/third", reply)
+
+    chunks = list(adapter.stream(chat(stream=True), TARGET))
+
+    assert streamed_text(chunks[:3]) == "Hello!"
+    assert chunks[2].more is False
