@@ -21,7 +21,6 @@ from flask import (
     stream_with_context,
     url_for,
 )
-from flask_limiter.errors import RateLimitExceeded
 from flask_login import current_user, login_required, logout_user
 from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import NotFound
@@ -58,7 +57,7 @@ from app.dashboard.security import (
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import csrf
-from app.ratelimits import limiter
+from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
     "dashboard",
@@ -146,8 +145,11 @@ def sign_up() -> BaseResponse | str | tuple[str, int]:
 
 
 @bp.route("/signin", methods=["GET", "POST"])
-@limiter.limit(sign_in_limit_per_email, key_func=sign_in_email, methods=["POST"])
-@limiter.limit(sign_in_limit_per_address, key_func=sign_in_address, methods=["POST"])
+@limiter.limit(
+    (sign_in_limit_per_address, sign_in_address),
+    (sign_in_limit_per_email, sign_in_email),
+    methods=["POST"],
+)
 def sign_in() -> BaseResponse | str | tuple[str, int]:
     """Sign in with email and password; one message for whatever was wrong."""
     form = SignInForm()

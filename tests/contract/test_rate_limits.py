@@ -44,13 +44,19 @@ def test_a_key_over_its_limit_gets_429_others_do_not(database_url, tmp_path, mak
 
 def test_limits_are_shared_by_workers_through_redis(database_url, tmp_path, make_funded_key):
     funded = make_funded_key()
-    with running_server(
-        database_url,
-        tmp_path,
-        RATE_LIMIT="4 per minute",
-        REDIS_URL="redis://127.0.0.1:6379/0",
-        WEB_CONCURRENCY="2",
-    ) as server:
+    # A Redis of its own: key ids start over in each test database, and the shared Redis
+    # would still hold the count of another run's key with the same id.
+    port = _free_port()
+    with (
+        private_redis(port),
+        running_server(
+            database_url,
+            tmp_path,
+            RATE_LIMIT="4 per minute",
+            REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            WEB_CONCURRENCY="2",
+        ) as server,
+    ):
         statuses = [
             requests.get(
                 f"{server.url}/v1/models",

@@ -7,6 +7,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
+from app import create_app
 from app.accounts.models import AccountPassword
 from app.auth.keys import create_key
 from app.auth.models import ApiKey
@@ -15,6 +16,7 @@ from app.credits.ledger import grant_credits
 from app.credits.models import Account, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
+from tests.conftest import TEST_CATALOG
 from tests.dashboard.conftest import (
     PASSWORD,
     csrf_token,
@@ -265,6 +267,19 @@ def test_sign_in_attempts_are_limited_per_address(app):
     client = new_client(app)
     statuses = [sign_in(client, new_email()).status_code for _ in range(21)]
     assert statuses == [401] * 20 + [429]
+
+
+def test_pages_past_the_rate_limit_are_refused_with_a_page_but_not_static_files(database_url):
+    overrides = {"SQLALCHEMY_DATABASE_URI": database_url, "MODEL_CATALOG": TEST_CATALOG}
+    app = create_app("testing", {**overrides, "RATE_LIMIT": "2 per minute"})
+    client = new_client(app)
+    statuses = [client.get("/").status_code for _ in range(3)]
+    refused = client.get("/")
+    stylesheets = [client.get("/dashboard/static/dashboard.css").status_code for _ in range(3)]
+
+    assert statuses == [302, 302, 429]
+    assert refused.status_code == 429 and "Too many requests from your address" in refused.text
+    assert stylesheets == [200] * 3
 
 
 def test_sign_up_refuses_a_duplicate_email_and_a_short_password(app):
