@@ -54,16 +54,19 @@ def start_stream(chunks: Iterator[dict[str, Any] | None]) -> Iterator[dict[str, 
 def write_events(chunks: Iterator[dict[str, Any] | None]) -> Iterator[bytes]:
     """Frame ``chunks`` as events, end with ``[DONE]``, and close ``chunks`` however it ends.
 
-    Events are joined into one item (one socket send) until a None among the chunks says
-    that the next may wait, and at the end.
+    The first event goes out at once: it starts the caller's answer. The others are
+    joined into one item (one socket send) until a None among the chunks says that the
+    next may wait, and at the end.
     """
     framed: list[bytes] = []
+    started = False
     try:
         try:
             for chunk in chunks:
                 if chunk is not None:
                     framed.append(frame(chunk))
-                elif framed:
+                if framed and (chunk is None or not started):
+                    started = True
                     events = b"".join(framed)
                     framed.clear()
                     yield events

@@ -614,9 +614,13 @@ def test_events_that_arrive_together_leave_in_one_http_chunk(gateway, funded, sc
     )
 
     assert response.status_code == 200
-    events, done = http_chunks(response)
-    chunks = [json.loads(event[len(b"data: ") :]) for event in events.split(b"\n\n") if event]
-    # The role, nine words and the finish; then, after the settlement, the end.
+    first, events, done = http_chunks(response)
+    chunks = [
+        json.loads(event[len(b"data: ") :]) for event in (first + events).split(b"\n\n") if event
+    ]
+    # The first event (the role) at once, then the nine words and the finish together;
+    # then, after the settlement, the end.
+    assert first.count(b"data: ") == 1
     assert len(chunks) == 11
     assert "".join(delivered_pieces(chunks)) == "Hello! How can I help you today?"
     assert done == b"data: [DONE]\n\n"

@@ -18,19 +18,38 @@ def test_chunks_are_framed_as_data_events_ending_with_done():
 
 
 def test_events_go_out_together_until_a_none_says_the_next_may_wait():
-    sends = list(write_events(iter([{"a": 1}, {"a": 2}, None, {"a": 3}, None, None])))
+    chunks = [{"a": 0}, None, {"a": 1}, {"a": 2}, None, {"a": 3}, None, None]
+    sends = list(write_events(iter(chunks)))
 
     assert sends == [
+        b'data: {"a":0}\n\n',
         b'data: {"a":1}\n\ndata: {"a":2}\n\n',
         b'data: {"a":3}\n\n',
         DONE,
     ]
 
 
+def test_the_first_event_goes_out_alone_before_the_rest_of_its_read():
+    pulled = []
+
+    def chunks():
+        yield {"a": 1}
+        pulled.append("the second event")
+        yield {"a": 2}
+        yield None
+
+    writer = write_events(chunks())
+
+    assert next(writer) == b'data: {"a":1}\n\n'
+    assert pulled == []
+    assert next(writer) == b'data: {"a":2}\n\n'
+
+
 def test_events_are_sent_before_the_writer_waits_for_the_next():
     pulled = []
 
     def chunks():
+        yield {"a": 0}
         yield {"a": 1}
         yield {"a": 2}
         yield None
@@ -39,6 +58,7 @@ def test_events_are_sent_before_the_writer_waits_for_the_next():
 
     writer = write_events(chunks())
 
+    assert next(writer) == b'data: {"a":0}\n\n'
     assert next(writer) == b'data: {"a":1}\n\ndata: {"a":2}\n\n'
     assert pulled == []
     assert next(writer) == b'data: {"a":3}\n\n' + DONE
