@@ -135,11 +135,11 @@ def ping_idle_connections(engine: Engine, idle_seconds: float) -> None:
             raise exc.DisconnectionError() from error
 
 
-AUTOCOMMIT_ENGINES = "gateway.autocommit_engines"
+AUTOCOMMIT_ENGINE = "gateway.autocommit_engine"
 
 
 def init_database(app: Flask) -> None:
-    """Bind the database; on PostgreSQL add the engines that run statements alone.
+    """Bind the database; on PostgreSQL add the engine that runs statements alone.
 
     The hot path's statements on PostgreSQL are each complete on their own (a key's
     lookup, a hold, a covered settlement): run in autocommit they cost one round trip
@@ -152,42 +152,27 @@ def init_database(app: Flask) -> None:
     with app.app_context():
         ping_idle_connections(db.engine, idle_seconds)
         if db.engine.dialect.name == "postgresql":
-            app.extensions[AUTOCOMMIT_ENGINES] = {
-                durable: _autocommit_engine(app, durable=durable) for durable in (True, False)
-            }
-            for engine in app.extensions[AUTOCOMMIT_ENGINES].values():
-                ping_idle_connections(engine, idle_seconds)
-
-
-def _autocommit_engine(app: Flask, *, durable: bool) -> Engine:
-    options = dict(app.config["SQLALCHEMY_ENGINE_OPTIONS"])
-    if not durable:
-        # Its commits return, and free the rows they locked, before their record is on
-        # disk: a crash of the database server may undo the last of them, each whole.
-        connect_args = dict(options.get("connect_args") or {})
-        server_options = connect_args.get("options", "")
-        connect_args["options"] = f"{server_options} -c synchronous_commit=off".strip()
-        options["connect_args"] = connect_args
-    return create_engine(db.engine.url, isolation_level="AUTOCOMMIT", **options)
+            engine = create_engine(
+                db.engine.url,
+                isolation_level="AUTOCOMMIT",
+                **app.config["SQLALCHEMY_ENGINE_OPTIONS"],
+            )
+            ping_idle_connections(engine, idle_seconds)
+            app.extensions[AUTOCOMMIT_ENGINE] = engine
 
 
 def runs_alone() -> bool:
     """Tell whether statements that write run alone (in autocommit): on PostgreSQL."""
-    return AUTOCOMMIT_ENGINES in current_app.extensions
+    return AUTOCOMMIT_ENGINE in current_app.extensions
 
 
-def execute_alone(
-    statement: Executable, parameters: dict[str, Any], *, durable: bool = True
-) -> Sequence[Row]:
+def execute_alone(statement: Executable, parameters: dict[str, Any]) -> Sequence[Row]:
     """Run one statement on a pooled connection of its own; return its rows.
 
     The connection is back in the pool when this returns. On PostgreSQL the statement
     runs in autocommit, so it must be all-or-nothing by itself: nothing can roll it
-    back; unless ``durable``, its commit does not wait for the disk, and a crash of the
-    database server may undo it. Elsewhere it must write nothing: its connection is
-    rolled back on return.
+    back. Elsewhere it must write nothing: its connection is rolled back on return.
     """
-    engines = current_app.extensions.get(AUTOCOMMIT_ENGINES)
-    engine = engines[durable] if engines else db.engine
+    engine = current_app.extensions.get(AUTOCOMMIT_ENGINE) or db.engine
     with engine.connect() as connection:
         return connection.execute(statement, parameters).all()

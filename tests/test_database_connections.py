@@ -108,15 +108,3 @@ def test_a_connection_used_again_soon_is_not_pinged(postgres_url, drop_connectio
     with app.app_context(), pytest.raises(OperationalError):
         db.session.execute(sqlalchemy.text("SELECT 1"))
     query_both_engines(app)
-
-
-def test_statements_alone_wait_for_the_disk_unless_they_may_be_lost(postgres_url):
-    # Holds may be undone by a crash of the database server (their request is then
-    # charged as far as the balance allows); charges may not.
-    app = app_pinging_after(postgres_url, idle_seconds=10)
-    show = sqlalchemy.text("SHOW synchronous_commit")
-    with app.app_context():
-        [[losable]] = execute_alone(show, {}, durable=False)
-        [[durable]] = execute_alone(show, {})
-
-    assert (losable, durable) == ("off", "on")

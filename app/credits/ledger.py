@@ -478,9 +478,7 @@ def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
         "month": month,
     }
     statement = _hold_in_one_statement(_ACCOUNT_COVERS, _KEY_WITHIN_LIMIT if with_key else None)
-    # Not durable: a hold that a crash of the database server undoes only leaves its
-    # request to be charged, at settlement, as far as the balance allows at that time.
-    matched = execute_alone(statement, parameters, durable=False)[0]
+    matched = execute_alone(statement, parameters)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
     if with_key and matched[1] != 1:
