@@ -8,8 +8,10 @@ but far above the load). Rounds are interleaved (each scenario: floor, gateway-s
 gateway-pg; then the next scenario; then the next round) and every figure is the median
 of the rounds, with its ratio to the floor's figure of the same run. CPU is the server's
 whole process tree (master and workers, utime + stime from /proc) before and after each
-scenario. Then the memory benchmark: ``--streams`` streams held open against one gevent
-worker of the floor and of the gateway (SQLite), RSS per open stream.
+scenario; the local PostgreSQL server's processes are measured apart, since on
+PostgreSQL part of a request's work is theirs. Then the memory benchmark: ``--streams``
+streams held open against one gevent worker of the floor and of the gateway (SQLite),
+RSS per open stream.
 
     .venv/bin/python bench/run.py [--database-url postgresql://...] [--requests 600]
 """
@@ -77,6 +79,7 @@ class Figures:
 
     cpu_us: float
     upstream_cpu_us: float
+    database_cpu_us: float
     p50_ms: float
     p90_ms: float
     p99_ms: float
@@ -128,6 +131,27 @@ def tree_cpu_seconds(pid: int) -> float:
         except OSError:
             continue
         total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+def database_cpu_seconds() -> float:
+    """Return the CPU time used so far by this machine's PostgreSQL server processes.
+
+    A backend that exits (its connection closed) leaves its time to the server's main
+    process, which counts its ended children's: both are summed.
+    """
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "comm").read_text().startswith("postgres"):
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # utime, stime, and the same of its children that ended.
+        total += sum(int(field) for field in fields[11:15])
     return total / CLOCK_TICKS
 
 
@@ -253,6 +277,7 @@ def measure(target: Target, scenario: Scenario, count: int, upstream_pid: int) -
     """Run ``count`` requests of ``scenario`` against ``target``; return its figures."""
     cpu_before = tree_cpu_seconds(target.process.pid)
     upstream_before = tree_cpu_seconds(upstream_pid)
+    database_before = database_cpu_seconds()
     timings = asyncio.run(
         send_requests(
             target.port, scenario.body(), target.key, count=count,
@@ -261,12 +286,14 @@ def measure(target: Target, scenario: Scenario, count: int, upstream_pid: int) -
     )  # fmt: skip
     cpu = tree_cpu_seconds(target.process.pid) - cpu_before
     upstream_cpu = tree_cpu_seconds(upstream_pid) - upstream_before
+    database_cpu = database_cpu_seconds() - database_before
     if timings.errors:
         print(f"{target.name} {scenario.name}: {timings.errors[0]}", file=sys.stderr)
     answered = len(timings.latencies)
     return Figures(
         cpu_us=cpu * 1e6 / answered,
         upstream_cpu_us=upstream_cpu * 1e6 / answered,
+        database_cpu_us=database_cpu * 1e6 / answered,
         p50_ms=percentile(timings.latencies, 0.5) * 1000,
         p90_ms=percentile(timings.latencies, 0.9) * 1000,
         p99_ms=percentile(timings.latencies, 0.99) * 1000,
@@ -302,8 +329,9 @@ def throughput_rows(results: dict[tuple[str, str], Figures], plan, targets) -> l
     """Render the throughput table, each figure beside its ratio to the floor's."""
     rows = [
         "| scenario | target | CPU us/req | x floor | p50 ms | p90 ms | p99 ms | TTFB p50 ms "
-        "| TTFB vs floor ms | req/s | % of floor | upstream CPU us/req | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| TTFB vs floor ms | req/s | % of floor | upstream CPU us/req | PostgreSQL CPU us/req "
+        "| errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario in plan:
         floor = results[scenario.name, "floor"]
@@ -314,7 +342,7 @@ def throughput_rows(results: dict[tuple[str, str], Figures], plan, targets) -> l
                 f"{ratio(own.cpu_us, floor.cpu_us)} | {own.p50_ms:.2f} | {own.p90_ms:.2f} | "
                 f"{own.p99_ms:.2f} | {own.ttfb_ms:.2f} | {own.ttfb_ms - floor.ttfb_ms:+.2f} | "
                 f"{own.rps:,.0f} | {100 * own.rps / floor.rps:.0f}% | "
-                f"{own.upstream_cpu_us:,.0f} | {own.errors} |"
+                f"{own.upstream_cpu_us:,.0f} | {own.database_cpu_us:,.0f} | {own.errors} |"
             )
     return rows
 

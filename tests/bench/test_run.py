@@ -41,7 +41,7 @@ def test_the_harness_reports_every_scenario_of_every_target(database_url):
     done = run_bench(*arguments, "--streams", "8")
 
     assert done.returncode == 0, done.stderr[-3000:]
-    throughput = table_rows(done.stdout, 13)
+    throughput = table_rows(done.stdout, 14)
     expected = {
         (scenario.name, target) for scenario in scenarios(CONCURRENCY) for target in targets
     }
