@@ -70,12 +70,21 @@ def component_of(stack: list[str]) -> str:
 
 
 def read_samples(path: Path) -> Counter[str]:
-    """Count py-spy's raw (collapsed) samples by component."""
+    """Count py-spy's raw (collapsed) samples by component.
+
+    A record is a stack and its count; a frame's name may span lines (py-spy names some
+    frames by an object's repr), so a record ends at the first line ending in a count.
+    """
     samples: Counter[str] = Counter()
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
+    record = ""
+    for line in path.read_text(errors="replace").splitlines():
+        record += line
+        stack, _, count = record.rpartition(" ")
+        if not count.isdigit():
+            continue
         if stack:
             samples[component_of(stack.split(";"))] += int(count)
+        record = ""
     return samples
 
 
