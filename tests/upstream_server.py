@@ -24,10 +24,13 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from app.providers.base import Chunk
 
 TRANSCRIPTS = Path(__file__).parent / "fixtures" / "transcripts"
 EVENT_END = re.compile(rb"(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r)")
@@ -105,6 +108,15 @@ def response_pieces(name: str) -> tuple[bytes, list[bytes]]:
         return head + b"\r\n", pieces + [b"0\r\n\r\n"]
     head = re.sub(rb"(?im)^content-length: *\d+", b"content-length: %d" % len(body), head)
     return head + b"\r\n", [body]
+
+
+def answered_chunks(stream: Iterable[Chunk]) -> list[Chunk]:
+    """Return the chunks of an adapter's stream that carry an answer: choices or usage.
+
+    Left out are those that only mark where an upstream read ended, which depends on how
+    the network cut the replayed bytes.
+    """
+    return [chunk for chunk in stream if chunk.choices or chunk.usage is not None]
 
 
 def closed_port() -> int:

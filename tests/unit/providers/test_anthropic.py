@@ -15,7 +15,7 @@ from app.providers.errors import (
     UpstreamRejected,
     UpstreamUnavailable,
 )
-from tests.upstream_server import Reply
+from tests.upstream_server import Reply, answered_chunks
 
 MODEL = "claude-sonnet-4-5-20250929"
 TARGET = RouteTarget(
@@ -315,7 +315,7 @@ def test_whole_answer_with_thinking_text_and_a_tool_call(adapter, replay_server)
 def test_streamed_text_with_pings_then_usage(adapter, replay_server, write_size):
     replay_server.script("/claude", Reply("anthropic_stream_text", write_size=write_size))
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
 
     assert deltas(chunks)[0] == {"role": "assistant", "content": ""}
     assert joined(chunks, "content") == "The capital of France is Paris."
@@ -328,7 +328,7 @@ def test_streamed_text_with_pings_then_usage(adapter, replay_server, write_size)
 def test_streamed_tool_use_becomes_indexed_tool_call_deltas(adapter, replay_server):
     replay_server.script("/claude", Reply("anthropic_stream_tool_use"))
 
-    chunks = list(adapter.stream(chat(stream=True, params={"tools": [WEATHER]}), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True, params={"tools": [WEATHER]}), TARGET))
 
     calls: dict[int, dict] = {}
     for delta in deltas(chunks):
@@ -357,7 +357,7 @@ def test_streamed_tool_use_becomes_indexed_tool_call_deltas(adapter, replay_serv
 def test_streamed_thinking_becomes_reasoning_with_its_signature(adapter, replay_server):
     replay_server.script("/claude", Reply("anthropic_stream_thinking", write_size=9))
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
 
     assert joined(chunks, "reasoning") == (
         "Compare 9.11 and 9.8 as decimals: 9.80 > 9.11, so 9.8 is greater."

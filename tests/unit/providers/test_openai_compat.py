@@ -16,7 +16,7 @@ from app.providers.errors import (
 )
 from app.providers.openai_compat import OpenAICompatAdapter
 from app.providers.transport import open_session, received_chunks
-from tests.upstream_server import Reply, closed_port, load_transcript
+from tests.upstream_server import Reply, answered_chunks, closed_port, load_transcript
 
 HELLO = [{"role": "user", "content": "Hello"}]
 TARGET = RouteTarget(
@@ -148,7 +148,7 @@ def test_the_key_is_read_when_a_request_needs_it(replay_server, monkeypatch):
 def test_stream_relays_deltas_then_usage_whatever_the_tcp_writes(adapter, replay_server, reply):
     replay_server.script("/third", reply)
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
 
     assert streamed_text(chunks) == "Hello! How can I help you today?"
     assert chunks[0].choices[0]["delta"] == {"role": "assistant", "content": ""}
@@ -170,7 +170,7 @@ def test_stream_always_asks_for_usage(adapter, replay_server):
 def test_streamed_chunks_carry_nothing_of_the_upstream(adapter, replay_server):
     replay_server.script("/third", Reply("openrouter_chat_stream_reasoning"))
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
 
     for chunk in chunks:
         for choice in chunk.choices:
@@ -183,7 +183,7 @@ def test_streamed_chunks_carry_nothing_of_the_upstream(adapter, replay_server):
 def test_streamed_tool_calls_keep_their_indexes(adapter, replay_server):
     replay_server.script("/third", Reply("openai_chat_stream_tools", write_size=11))
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
 
     calls: dict[int, dict] = {}
     for chunk in chunks:
@@ -213,7 +213,7 @@ def test_vllm_reasoning_content_is_renamed_reasoning(adapter, replay_server):
         "/third", Reply("vllm_chat_stream_reasoning"), Reply("vllm_chat_reasoning")
     )
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
     completion = adapter.complete(chat(), TARGET)
 
     reasoning = streamed_text(chunks, "reasoning")
@@ -231,7 +231,7 @@ def test_crlf_stream_with_pings_and_no_usage_ends_without_a_usage_chunk(adapter,
         "/third", Reply("sse_starlette_chat_stream_no_usage", write_size=5, pause=0.0005)
     )
 
-    chunks = list(adapter.stream(chat(stream=True), TARGET))
+    chunks = answered_chunks(adapter.stream(chat(stream=True), TARGET))
 
     assert streamed_text(chunks).startswith("Sure, here is a haiku:\nAutumn moonlight")
     assert all(chunk.usage is None for chunk in chunks)
