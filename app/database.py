@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from flask import Flask, current_app
 from sqlalchemy import BigInteger, DateTime, Executable, create_engine, event, exc
-from sqlalchemy.engine import Engine, Row
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Compiled, Connection, Dialect, Engine, Row
 from sqlalchemy.types import TypeDecorator
 
 from app.credits.pricing import MONEY_QUANTUM, to_money
 from app.extensions import db
+
+log = logging.getLogger(__name__)
 
 UNITS_PER_USD = int(1 / MONEY_QUANTUM)
 
@@ -166,13 +173,99 @@ def runs_alone() -> bool:
     return AUTOCOMMIT_ENGINE in current_app.extensions
 
 
-def execute_alone(statement: Executable, parameters: dict[str, Any]) -> Sequence[Row]:
+def execute_alone(
+    statement: Executable, parameters: dict[str, Any], *, prepared: bool = False
+) -> Sequence[Row]:
     """Run one statement on a pooled connection of its own; return its rows.
 
     The connection is back in the pool when this returns. On PostgreSQL the statement
     runs in autocommit, so it must be all-or-nothing by itself: nothing can roll it
-    back. Elsewhere it must write nothing: its connection is rolled back on return.
+    back; ``prepared``, it is planned once per connection (its rows come back as the
+    driver reads them, untyped by SQLAlchemy: counts, not money). Elsewhere it must
+    write nothing: its connection is rolled back on return.
     """
-    engine = current_app.extensions.get(AUTOCOMMIT_ENGINE) or db.engine
+    engine = current_app.extensions.get(AUTOCOMMIT_ENGINE)
+    if engine is None:
+        with db.engine.connect() as connection:
+            return connection.execute(statement, parameters).all()
     with engine.connect() as connection:
+        if prepared:
+            return execute_prepared(connection, statement, parameters)
         return connection.execute(statement, parameters).all()
+
+
+@dataclass(frozen=True)
+class PreparedForm:
+    """A statement as PostgreSQL prepares it: its name, its text, and its parameters."""
+
+    name: str
+    text: str
+    # The statement's parameter names, in the order of $1, $2...
+    order: tuple[str, ...]
+    compiled: Compiled
+    # What turns a parameter's value into what the driver sends (money into units...).
+    processors: dict[str, Callable[[Any], Any]]
+
+
+# Writes the numbered parameters PREPARE takes, each cast to its type.
+_NUMBERED_PARAMETERS = postgresql.asyncpg.dialect()
+
+
+@functools.lru_cache(maxsize=64)
+def prepared_form(statement: Executable, dialect: Dialect) -> PreparedForm:
+    """Compile ``statement`` for PREPARE, its values to be sent by ``dialect``'s driver.
+
+    psycopg2 sends statements as text, which PostgreSQL plans afresh every time: the
+    hold's statement takes longer to plan than to run. Prepared once per connection, it
+    is planned once (then as the server sees fit).
+    """
+    compiled = statement.compile(dialect=_NUMBERED_PARAMETERS)
+    processors = {}
+    for key, parameter in compiled.binds.items():
+        if (processor := parameter.type.bind_processor(dialect)) is not None:
+            processors[key] = processor
+    text = compiled.string
+    return PreparedForm(
+        name="gateway_" + hashlib.sha256(text.encode()).hexdigest()[:24],
+        text=text,
+        order=tuple(compiled.positiontup or ()),
+        compiled=compiled,
+        processors=processors,
+    )
+
+
+# SQLSTATE of EXECUTE naming a statement the server session does not have.
+UNKNOWN_PREPARED_STATEMENT = "26000"
+PREPARED_STATEMENTS_LOST = "gateway.prepared_statements_lost"
+
+
+def execute_prepared(
+    connection: Connection, statement: Executable, parameters: dict[str, Any]
+) -> Sequence[Row]:
+    """Execute ``statement`` as a prepared statement of ``connection``; return its rows.
+
+    A pooler between the gateway and PostgreSQL (PgBouncer in transaction mode) may run
+    the EXECUTE on another server session than the PREPARE: the statement then runs
+    unprepared, and the app stops preparing.
+    """
+    if current_app.extensions.get(PREPARED_STATEMENTS_LOST):
+        return connection.execute(statement, parameters).all()
+    form = prepared_form(statement, connection.dialect)
+    prepared = connection.connection.info.setdefault("prepared", set())
+    if form.name not in prepared:
+        connection.exec_driver_sql(f"PREPARE {form.name} AS {form.text}")
+        prepared.add(form.name)
+    values = form.compiled.construct_params(parameters)
+    arguments = tuple(
+        form.processors[key](values[key]) if key in form.processors else values[key]
+        for key in form.order
+    )
+    placeholders = ", ".join(["%s"] * len(arguments))
+    try:
+        return connection.exec_driver_sql(f"EXECUTE {form.name}({placeholders})", arguments).all()
+    except exc.DBAPIError as error:
+        if getattr(error.orig, "pgcode", None) != UNKNOWN_PREPARED_STATEMENT:
+            raise
+    log.warning("prepared statements do not last on this database's sessions: not preparing")
+    current_app.extensions[PREPARED_STATEMENTS_LOST] = True
+    return connection.execute(statement, parameters).all()

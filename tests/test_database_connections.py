@@ -10,7 +10,7 @@ import sqlalchemy
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
-from app.database import execute_alone
+from app.database import AUTOCOMMIT_ENGINE, PREPARED_STATEMENTS_LOST, execute_alone
 from app.extensions import db
 from tests.conftest import TEST_CATALOG
 
@@ -108,3 +108,17 @@ def test_a_connection_used_again_soon_is_not_pinged(postgres_url, drop_connectio
     with app.app_context(), pytest.raises(OperationalError):
         db.session.execute(sqlalchemy.text("SELECT 1"))
     query_both_engines(app)
+
+
+def test_a_hold_survives_its_prepared_statement_going_missing(postgres_url, funded_key):
+    # As behind PgBouncer in transaction mode, where EXECUTE may reach another server
+    # session than PREPARE did.
+    app = app_pinging_after(postgres_url, idle_seconds=10)
+    client = app.test_client()
+    assert complete(client, funded_key.key).status_code == 200
+    with app.extensions[AUTOCOMMIT_ENGINE].connect() as connection:
+        connection.exec_driver_sql("DEALLOCATE ALL")
+
+    assert complete(client, funded_key.key).status_code == 200
+    assert app.extensions[PREPARED_STATEMENTS_LOST]
+    assert complete(client, funded_key.key).status_code == 200

@@ -478,7 +478,7 @@ def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
         "month": month,
     }
     statement = _hold_in_one_statement(_ACCOUNT_COVERS, _KEY_WITHIN_LIMIT if with_key else None)
-    matched = execute_alone(statement, parameters)[0]
+    matched = execute_alone(statement, parameters, prepared=True)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
     if with_key and matched[1] != 1:
@@ -598,7 +598,7 @@ def _settle_covered_in_one_statement(
     }
     for index, (_, record) in enumerate(inserts):
         parameters.update({f"record{index}_{name}": value for name, value in record.items()})
-    closed = execute_alone(statement, parameters)[0][0]
+    closed = execute_alone(statement, parameters, prepared=True)[0][0]
     return closed == 1
 
 
