@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Response, stream_with_context
+from flask import Response, current_app
 
 from app.encoding import dumps
 from app.errors import APIError
@@ -88,7 +88,24 @@ def write_events(chunks: Iterator[dict[str, Any] | None]) -> Iterator[bytes]:
 def event_stream_response(chunks: Iterator[dict[str, Any] | None]) -> Response:
     """Stream ``chunks`` as a response, with the headers that keep proxies from buffering."""
     return Response(
-        stream_with_context(write_events(start_stream(chunks))),
+        in_app_context(write_events(start_stream(chunks))),
         mimetype="text/event-stream",
         headers=STREAM_HEADERS,
     )
+
+
+def in_app_context(body: Iterator[bytes]) -> Iterator[bytes]:
+    """Iterate ``body`` in an app context of its own, once the view has returned.
+
+    What runs as the stream goes (its settlement, at the end) needs the app and its
+    database session, not the request: keeping the request's context alive instead, as
+    ``stream_with_context`` does, would hold its request object, headers and body for
+    as long as the stream lasts, thousands of times over.
+    """
+    app = current_app._get_current_object()
+
+    def iterated() -> Iterator[bytes]:
+        with app.app_context():
+            yield from body
+
+    return iterated()
