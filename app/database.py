@@ -205,6 +205,10 @@ class PreparedForm:
     compiled: Compiled
     # What turns a parameter's value into what the driver sends (money into units...).
     processors: dict[str, Callable[[Any], Any]]
+    # Whether SQLAlchemy computes some values when it executes the statement (the
+    # Python-side defaults of columns an INSERT leaves out): such a statement is not
+    # prepared, since only SQLAlchemy's execution fills them in.
+    computes_defaults: bool
 
 
 # Writes the numbered parameters PREPARE takes, each cast to its type.
@@ -231,6 +235,7 @@ def prepared_form(statement: Executable, dialect: Dialect) -> PreparedForm:
         order=tuple(compiled.positiontup or ()),
         compiled=compiled,
         processors=processors,
+        computes_defaults=bool(compiled.insert_prefetch or compiled.update_prefetch),
     )
 
 
@@ -248,9 +253,9 @@ def execute_prepared(
     the EXECUTE on another server session than the PREPARE: the statement then runs
     unprepared, and the app stops preparing.
     """
-    if current_app.extensions.get(PREPARED_STATEMENTS_LOST):
-        return connection.execute(statement, parameters).all()
     form = prepared_form(statement, connection.dialect)
+    if current_app.extensions.get(PREPARED_STATEMENTS_LOST) or form.computes_defaults:
+        return connection.execute(statement, parameters).all()
     prepared = connection.connection.info.setdefault("prepared", set())
     if form.name not in prepared:
         connection.exec_driver_sql(f"PREPARE {form.name} AS {form.text}")
