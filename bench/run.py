@@ -122,16 +122,22 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+def cpu_ticks(process: Path, *, ended_children: bool = False) -> int:
+    """Return the clock ticks of CPU (user + system) a /proc entry has used; 0 if gone.
+
+    With ``ended_children``, also those of its children that ended and it waited for.
+    """
+    try:
+        fields = (process / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    # utime, stime, then cutime, cstime.
+    return sum(int(field) for field in fields[11 : 15 if ended_children else 13])
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """Return the CPU time (user + system) used so far by ``pid``'s process tree."""
-    total = 0
-    for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
+    return sum(cpu_ticks(Path(f"/proc/{member}")) for member in process_tree(pid)) / CLOCK_TICKS
 
 
 def database_cpu_seconds() -> float:
@@ -142,16 +148,14 @@ def database_cpu_seconds() -> float:
     """
     total = 0
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
         try:
-            if not (entry / "comm").read_text().startswith("postgres"):
-                continue
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            is_postgres = entry.name.isdigit() and (entry / "comm").read_text().startswith(
+                "postgres"
+            )
         except OSError:
             continue
-        # utime, stime, and the same of its children that ended.
-        total += sum(int(field) for field in fields[11:15])
+        if is_postgres:
+            total += cpu_ticks(entry, ended_children=True)
     return total / CLOCK_TICKS
 
 
