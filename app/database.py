@@ -1,4 +1,8 @@
-"""Column types and engine settings shared by every package's models."""
+"""The database: shared column types, engines and pools, and statements run alone.
+
+Every package's models use the column types here. On PostgreSQL the hot path's
+statements run alone (in autocommit, the hold's and the settlement's prepared).
+"""
 
 from __future__ import annotations
 
