@@ -14,7 +14,7 @@ from app.dashboard.session import init_sessions
 from app.database import init_database
 from app.encoding import OrjsonProvider
 from app.errors import register_errorhandlers
-from app.extensions import csrf, db, migrate
+from app.extensions import API_PREFIX, csrf, db, migrate
 from app.observability import init_observability
 from app.providers.cooldown import upstream_cooldowns
 from app.ratelimits import init_rate_limits, limiter
@@ -70,12 +70,12 @@ def register_blueprints(app: Flask) -> None:
     limiter.exempt(health.bp)
     app.register_blueprint(observability_views.bp)
     limiter.exempt(observability_views.bp)
-    app.register_blueprint(openapi.bp, url_prefix="/v1")
+    app.register_blueprint(openapi.bp, url_prefix=API_PREFIX)
     limiter.exempt(openapi.bp)
-    app.register_blueprint(catalog_views.bp, url_prefix="/v1")
-    app.register_blueprint(completion_views.bp, url_prefix="/v1")
-    app.register_blueprint(credit_views.bp, url_prefix="/v1")
-    app.register_blueprint(key_views.bp, url_prefix="/v1")
+    app.register_blueprint(catalog_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(completion_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(credit_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(key_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(dashboard_views.bp)
 
 

@@ -32,15 +32,19 @@ class DashboardLoginManager(LoginManager):
         return super()._update_remember_cookie(response)
 
 
+# Where the public API is mounted.
+API_PREFIX = "/v1"
+
+
 class DashboardSessionInterface(SecureCookieSessionInterface):
     """Signed-cookie sessions for the dashboard's pages; none for the API, which has no use."""
 
     def open_session(self, app: Flask, request: Request) -> Any:
-        """Open the cookie's session, except on the API (mounted under /v1)."""
+        """Open the cookie's session, except on the API (under API_PREFIX)."""
         # Reading the cookie builds a signing serializer on every request: work the API
         # would do for nothing on each call. The session opens before the URL is
         # matched, so the path tells, not the blueprint.
-        if request.path.startswith("/v1/"):
+        if request.path.startswith(API_PREFIX + "/"):
             return self.make_null_session(app)
         return super().open_session(app, request)
 

@@ -56,7 +56,7 @@ from app.dashboard.security import (
 )
 from app.dashboard.session import start_session
 from app.database import utcnow
-from app.extensions import csrf
+from app.extensions import API_PREFIX, csrf
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
@@ -411,7 +411,7 @@ def usage_csv() -> Response:
 def quickstart() -> str:
     """Show copy-paste examples with this service's address and the account's models."""
     models = [model.id for model in current_catalog().list()]
-    base_url = request.host_url.rstrip("/") + "/v1"
+    base_url = request.host_url.rstrip("/") + API_PREFIX
     return render_template("dashboard/quickstart.html", base_url=base_url, models=models)
 
 
