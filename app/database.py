@@ -199,48 +199,106 @@ def execute_alone(
 
 
 @dataclass(frozen=True)
-class PreparedForm:
-    """A statement as PostgreSQL prepares it: its name, its text, and its parameters."""
+class DriverForm:
+    """A statement as its driver takes it: its text, and how its parameters are sent."""
 
-    name: str
     text: str
-    # The statement's parameter names, in the order of $1, $2...
-    order: tuple[str, ...]
     compiled: Compiled
+    # The parameters' names in the order of the text's placeholders; None when the
+    # driver takes them by name.
+    order: tuple[str, ...] | None
     # What turns a parameter's value into what the driver sends (money into units...).
     processors: dict[str, Callable[[Any], Any]]
     # Whether SQLAlchemy computes some values when it executes the statement (the
-    # Python-side defaults of columns an INSERT leaves out): such a statement is not
-    # prepared, since only SQLAlchemy's execution fills them in.
+    # Python-side defaults of columns an INSERT leaves out): such a statement is left to
+    # SQLAlchemy's execution, since only it fills them in.
     computes_defaults: bool
+    # The name it is prepared under, for forms compiled for PREPARE.
+    name: str
+
+    def arguments(self, parameters: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        """Return what the driver is sent for ``parameters``."""
+        values = self.compiled.construct_params(parameters)
+        processors = self.processors
+        if self.order is None:
+            return {
+                key: processors[key](value) if key in processors else value
+                for key, value in values.items()
+            }
+        return tuple(
+            processors[key](values[key]) if key in processors else values[key] for key in self.order
+        )
 
 
 # Writes the numbered parameters PREPARE takes, each cast to its type.
 _NUMBERED_PARAMETERS = postgresql.asyncpg.dialect()
 
 
-@functools.lru_cache(maxsize=64)
-def prepared_form(statement: Executable, dialect: Dialect) -> PreparedForm:
-    """Compile ``statement`` for PREPARE, its values to be sent by ``dialect``'s driver.
+@functools.lru_cache(maxsize=256)
+def driver_form(
+    statement: Executable,
+    dialect: Dialect,
+    keys: tuple[str, ...] | None = None,
+    *,
+    for_prepare: bool = False,
+) -> DriverForm:
+    """Compile ``statement`` once, its values to be sent by ``dialect``'s driver.
 
-    psycopg2 sends statements as text, which PostgreSQL plans afresh every time: the
-    hold's statement takes longer to plan than to run. Prepared once per connection, it
-    is planned once (then as the server sees fit).
+    ``keys`` are the parameters it is executed with, which decide the columns of an
+    INSERT. ``for_prepare`` compiles it with PostgreSQL's numbered parameters instead:
+    psycopg2 sends statements as text, which PostgreSQL plans afresh every time, and
+    the hold's statement takes longer to plan than to run.
     """
-    compiled = statement.compile(dialect=_NUMBERED_PARAMETERS)
+    column_keys = None if keys is None else list(keys)
+    compiled = statement.compile(
+        dialect=_NUMBERED_PARAMETERS if for_prepare else dialect, column_keys=column_keys
+    )
     processors = {}
     for key, parameter in compiled.binds.items():
         if (processor := parameter.type.bind_processor(dialect)) is not None:
             processors[key] = processor
     text = compiled.string
-    return PreparedForm(
-        name="gateway_" + hashlib.sha256(text.encode()).hexdigest()[:24],
+    return DriverForm(
         text=text,
-        order=tuple(compiled.positiontup or ()),
         compiled=compiled,
+        order=tuple(compiled.positiontup) if compiled.positional else None,
         processors=processors,
         computes_defaults=bool(compiled.insert_prefetch or compiled.update_prefetch),
+        name="gateway_" + hashlib.sha256(text.encode()).hexdigest()[:24],
     )
+
+
+def execute_on_driver(
+    connection: Connection, statement: Executable, parameters: dict[str, Any]
+) -> int:
+    """Execute a write whose rows are not wanted on the driver directly; return its count.
+
+    The hot path's writes are compiled once and handed to the driver: SQLAlchemy's own
+    execution of an already compiled statement (its cache lookup, execution context and
+    result) costs more than the driver's work on SQLite. ``connection`` keeps its
+    transaction: the statement runs within it, and a failure is raised as SQLAlchemy
+    would raise it (an IntegrityError is one), the connection invalidated if it was lost.
+    """
+    dialect = connection.dialect
+    form = driver_form(statement, dialect, tuple(parameters))
+    if form.computes_defaults:
+        return connection.execute(statement, parameters).rowcount
+    arguments = form.arguments(parameters)
+    dbapi_connection = connection.connection.dbapi_connection
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(form.text, arguments)
+        count = cursor.rowcount
+        cursor.close()
+        return count
+    except dialect.loaded_dbapi.Error as error:
+        lost = dialect.is_disconnect(error, dbapi_connection, cursor)
+        if lost:
+            connection.invalidate(error)
+        raise exc.DBAPIError.instance(
+            form.text, arguments, error, dialect.loaded_dbapi.Error,
+            connection_invalidated=lost, dialect=dialect,
+        ) from error  # fmt: skip
 
 
 # SQLSTATE of EXECUTE naming a statement the server session does not have.
@@ -257,18 +315,14 @@ def execute_prepared(
     the EXECUTE on another server session than the PREPARE: the statement then runs
     unprepared, and the app stops preparing.
     """
-    form = prepared_form(statement, connection.dialect)
+    form = driver_form(statement, connection.dialect, for_prepare=True)
     if current_app.extensions.get(PREPARED_STATEMENTS_LOST) or form.computes_defaults:
         return connection.execute(statement, parameters).all()
     prepared = connection.connection.info.setdefault("prepared", set())
     if form.name not in prepared:
         connection.exec_driver_sql(f"PREPARE {form.name} AS {form.text}")
         prepared.add(form.name)
-    values = form.compiled.construct_params(parameters)
-    arguments = tuple(
-        form.processors[key](values[key]) if key in form.processors else values[key]
-        for key in form.order
-    )
+    arguments = form.arguments(parameters)
     placeholders = ", ".join(["%s"] * len(arguments))
     try:
         return connection.exec_driver_sql(f"EXECUTE {form.name}({placeholders})", arguments).all()

@@ -49,6 +49,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
@@ -57,7 +58,15 @@ from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import BoundStatement, Money, UTCDateTime, execute_alone, runs_alone, utcnow
+from app.database import (
+    BoundStatement,
+    Money,
+    UTCDateTime,
+    execute_alone,
+    execute_on_driver,
+    runs_alone,
+    utcnow,
+)
 from app.extensions import db
 
 log = logging.getLogger(__name__)
@@ -438,29 +447,30 @@ def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
 
     One transaction: committed if every step applied, else rolled back.
     """
-    outcome = _apply_hold_steps(hold, month)
-    if outcome is None:
-        db.session.commit()
-    else:
-        db.session.rollback()
+    with db.engine.connect() as connection, connection.begin() as steps:
+        outcome = _apply_hold_steps(connection, hold, month)
+        if outcome is not None:
+            steps.rollback()
     return outcome
 
 
-def _apply_hold_steps(hold: dict, month: int) -> str | None:
-    reserved = db.session.execute(
+def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> str | None:
+    reserved = execute_on_driver(
+        connection,
         _reserve_statement(_ACCOUNT_COVERS),
         {"account_id": hold["account_id"], "amount": hold["amount"]},
     )
-    if reserved.rowcount != 1:
+    if reserved != 1:
         return _BALANCE_SHORT
     if hold["api_key_id"] is not None:
-        on_key = db.session.execute(
+        on_key = execute_on_driver(
+            connection,
             _reserve_on_key_statement(_KEY_WITHIN_LIMIT),
             {"key_id": hold["api_key_id"], "amount": hold["amount"], "month": month},
         )
-        if on_key.rowcount != 1:
+        if on_key != 1:
             return _KEY_LIMIT_REACHED
-    db.session.execute(_INSERT_HOLD, hold)
+    execute_on_driver(connection, _INSERT_HOLD, hold)
     return None
 
 
@@ -536,7 +546,6 @@ def settle_hold(
     try:
         charge = _settle_once(hold, cost, generation_id, records)
     except IntegrityError:
-        db.session.rollback()
         if fallback_records is None:
             raise
         log.warning(
@@ -562,10 +571,10 @@ def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: R
             _settle_covered_in_one_statement(hold, cost, generation_id, statements)
         ):
             return cost
-    cost = _settle_step_by_step(hold, cost, generation_id)
-    for statement, parameters in records(cost):
-        db.session.execute(statement, parameters)
-    db.session.commit()
+    with db.engine.begin() as connection:
+        cost = _settle_step_by_step(connection, hold, cost, generation_id)
+        for statement, parameters in records(cost):
+            execute_on_driver(connection, statement, parameters)
     return cost
 
 
@@ -602,18 +611,22 @@ def _settle_covered_in_one_statement(
     return closed == 1
 
 
-def _settle_step_by_step(hold: HeldCredit, cost: Decimal, generation_id: str) -> Decimal:
+def _settle_step_by_step(
+    connection: Connection, hold: HeldCredit, cost: Decimal, generation_id: str
+) -> Decimal:
     """Close the hold, charge the balance and the key's month, record the charge; return it."""
-    released = db.session.execute(_CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
+    released = execute_on_driver(connection, _CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED})
     # An expired hold was released by the sweeper: nothing of it is reserved any more.
-    reserved_change = hold.amount if released.rowcount == 1 else Decimal(0)
-    charge = cost if cost <= reserved_change else _payable(hold, cost, reserved_change)
-    db.session.execute(
+    reserved_change = hold.amount if released == 1 else Decimal(0)
+    charge = cost if cost <= reserved_change else _payable(connection, hold, cost, reserved_change)
+    execute_on_driver(
+        connection,
         _DEBIT,
         {"account_id": hold.account_id, "charge": charge, "released": reserved_change},
     )
     if hold.key_id is not None:
-        db.session.execute(
+        execute_on_driver(
+            connection,
             _SPEND_ON_KEY,
             {
                 "key_id": hold.key_id,
@@ -623,7 +636,8 @@ def _settle_step_by_step(hold: HeldCredit, cost: Decimal, generation_id: str) ->
             },
         )
     if charge > 0:
-        db.session.execute(
+        execute_on_driver(
+            connection,
             _INSERT_ENTRY,
             {
                 "account_id": hold.account_id,
@@ -638,27 +652,30 @@ def _settle_step_by_step(hold: HeldCredit, cost: Decimal, generation_id: str) ->
     return charge
 
 
-def _payable(hold: HeldCredit, cost: Decimal, reserved: Decimal) -> Decimal:
+def _payable(connection: Connection, hold: HeldCredit, cost: Decimal, reserved: Decimal) -> Decimal:
     """Return how much of ``cost`` can be charged beyond what is still ``reserved``.
 
     The rows are locked, account first, so that the room read is the room charged.
     """
-    room = max(_locked_available_balance(hold.account_id), Decimal(0))
-    if hold.key_id is not None and (allowance := _locked_key_allowance(hold.key_id)) is not None:
+    room = max(_locked_available_balance(connection, hold.account_id), Decimal(0))
+    if (
+        hold.key_id is not None
+        and (allowance := _locked_key_allowance(connection, hold.key_id)) is not None
+    ):
         room = min(room, allowance)
     return min(cost, reserved + room)
 
 
-def _locked_available_balance(account_id: int) -> Decimal:
-    row = db.session.execute(
+def _locked_available_balance(connection: Connection, account_id: int) -> Decimal:
+    row = connection.execute(
         select(Account.balance, Account.reserved).where(Account.id == account_id).with_for_update()
     ).one()
     return row.balance - row.reserved
 
 
-def _locked_key_allowance(key_id: int) -> Decimal | None:
+def _locked_key_allowance(connection: Connection, key_id: int) -> Decimal | None:
     """Return what a key may still spend this month beyond its reservations (None: no limit)."""
-    row = db.session.execute(
+    row = connection.execute(
         select(_keys.c.monthly_limit, _month_spent.label("spent"), _keys.c.month_reserved)
         .where(_keys.c.id == key_id)
         .with_for_update(),
