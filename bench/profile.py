@@ -110,7 +110,7 @@ def profile(args: argparse.Namespace, scratch: Path, upstream_port: int) -> None
         )
         worker = worker_of(gateway.process)
         asyncio.run(keep_busy(gateway, scenario, time.monotonic() + 3, args.concurrency))
-        raw = scratch / "profile.txt"
+        raw = Path(args.raw) if args.raw else scratch / "profile.txt"
         spy = subprocess.Popen(
             [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(worker),
              "--format", "raw", "--rate", "250", "--duration", str(args.seconds),
@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true", help="profile 20-chunk streams")
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--raw", help="also keep py-spy's raw samples in this file")
     args = parser.parse_args()
     raise_open_files_limit()
     scratch = Path(tempfile.mkdtemp(prefix="bench-profile-"))
