@@ -10,6 +10,7 @@ import functools
 import hashlib
 import logging
 import time
+from collections import namedtuple
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from typing import Any
 from flask import Flask, current_app
 from sqlalchemy import BigInteger, DateTime, Executable, create_engine, event, exc
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Compiled, Connection, Dialect, Engine, Row
+from sqlalchemy.engine import Compiled, Connection, Dialect, Engine
 from sqlalchemy.types import TypeDecorator
 
 from app.credits.pricing import MONEY_QUANTUM, to_money
@@ -179,23 +180,22 @@ def runs_alone() -> bool:
 
 def execute_alone(
     statement: Executable, parameters: dict[str, Any], *, prepared: bool = False
-) -> Sequence[Row]:
+) -> Sequence[Any]:
     """Run one statement on a pooled connection of its own; return its rows.
 
     The connection is back in the pool when this returns. On PostgreSQL the statement
     runs in autocommit, so it must be all-or-nothing by itself: nothing can roll it
-    back; ``prepared``, it is planned once per connection (its rows come back as the
-    driver reads them, untyped by SQLAlchemy: counts, not money). Elsewhere it must
-    write nothing: its connection is rolled back on return.
+    back; ``prepared``, it is planned once per connection. Elsewhere it must write
+    nothing: its connection is rolled back on return.
     """
     engine = current_app.extensions.get(AUTOCOMMIT_ENGINE)
     if engine is None:
         with db.engine.connect() as connection:
-            return connection.execute(statement, parameters).all()
+            return fetch_on_driver(connection, statement, parameters)
     with engine.connect() as connection:
         if prepared:
             return execute_prepared(connection, statement, parameters)
-        return connection.execute(statement, parameters).all()
+        return fetch_on_driver(connection, statement, parameters)
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,11 @@ class DriverForm:
     computes_defaults: bool
     # The name it is prepared under, for forms compiled for PREPARE.
     name: str
+    # What turns each column the driver reads into its Python value (None: as read),
+    # and the rows' type, whose fields are named like the statement's columns; no type
+    # for a textual statement, which names no columns: its rows are returned as read.
+    result_processors: tuple[Callable[[Any], Any] | None, ...]
+    row_type: type[tuple] | None
 
     def arguments(self, parameters: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """Return what the driver is sent for ``parameters``."""
@@ -228,6 +233,16 @@ class DriverForm:
         return tuple(
             processors[key](values[key]) if key in processors else values[key] for key in self.order
         )
+
+    def rows(self, read: Sequence[Sequence[Any]]) -> list[tuple]:
+        """Return the rows the driver ``read``, their values typed as SQLAlchemy types them."""
+        if self.row_type is None:
+            return list(read)
+        processors = self.result_processors
+        return [
+            self.row_type(*(p(v) if p else v for p, v in zip(processors, row, strict=True)))
+            for row in read
+        ]
 
 
 # Writes the numbered parameters PREPARE takes, each cast to its type.
@@ -253,10 +268,12 @@ def driver_form(
     compiled = statement.compile(
         dialect=_NUMBERED_PARAMETERS if for_prepare else dialect, column_keys=column_keys
     )
+    # As SQLAlchemy's own execution does: each type as the dialect implements it.
     processors = {}
     for key, parameter in compiled.binds.items():
-        if (processor := parameter.type.bind_processor(dialect)) is not None:
+        if (processor := parameter.type.dialect_impl(dialect).bind_processor(dialect)) is not None:
             processors[key] = processor
+    columns = getattr(statement, "selected_columns", None)
     text = compiled.string
     return DriverForm(
         text=text,
@@ -265,6 +282,11 @@ def driver_form(
         processors=processors,
         computes_defaults=bool(compiled.insert_prefetch or compiled.update_prefetch),
         name="gateway_" + hashlib.sha256(text.encode()).hexdigest()[:24],
+        result_processors=tuple(
+            column.type.dialect_impl(dialect).result_processor(dialect, None)
+            for column in (columns or ())
+        ),
+        row_type=None if columns is None else namedtuple("Row", columns.keys(), rename=True),
     )
 
 
@@ -273,32 +295,56 @@ def execute_on_driver(
 ) -> int:
     """Execute a write whose rows are not wanted on the driver directly; return its count.
 
-    The hot path's writes are compiled once and handed to the driver: SQLAlchemy's own
-    execution of an already compiled statement (its cache lookup, execution context and
-    result) costs more than the driver's work on SQLite. ``connection`` keeps its
-    transaction: the statement runs within it, and a failure is raised as SQLAlchemy
-    would raise it (an IntegrityError is one), the connection invalidated if it was lost.
+    The hot path's statements are compiled once and handed to the driver: SQLAlchemy's
+    own execution of an already compiled statement (its cache lookup, execution context
+    and result) costs more than the driver's work on SQLite. ``connection`` keeps its
+    transaction: the statement runs within it.
     """
-    dialect = connection.dialect
-    form = driver_form(statement, dialect, tuple(parameters))
+    form = driver_form(statement, connection.dialect, tuple(parameters))
     if form.computes_defaults:
         return connection.execute(statement, parameters).rowcount
-    arguments = form.arguments(parameters)
+    cursor = _on_driver(connection, form.text, form.arguments(parameters))
+    count = cursor.rowcount
+    cursor.close()
+    return count
+
+
+def fetch_on_driver(
+    connection: Connection, statement: Executable, parameters: dict[str, Any]
+) -> Sequence[Any]:
+    """Execute a statement on the driver directly; return its rows, typed."""
+    form = driver_form(statement, connection.dialect, tuple(parameters))
+    if form.computes_defaults:
+        return connection.execute(statement, parameters).all()
+    cursor = _on_driver(connection, form.text, form.arguments(parameters))
+    rows = form.rows(cursor.fetchall())
+    cursor.close()
+    return rows
+
+
+def _on_driver(connection: Connection, text: str, arguments: Any = None) -> Any:
+    """Execute ``text`` on a cursor of ``connection``'s driver; return the cursor.
+
+    A failure is raised as SQLAlchemy raises it (an IntegrityError is one), the
+    connection invalidated if it was lost.
+    """
+    dialect = connection.dialect
     dbapi_connection = connection.connection.dbapi_connection
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute(form.text, arguments)
-        count = cursor.rowcount
-        cursor.close()
-        return count
+        if arguments is None:
+            cursor.execute(text)
+        else:
+            cursor.execute(text, arguments)
     except dialect.loaded_dbapi.Error as error:
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
             connection.invalidate(error)
         raise exc.DBAPIError.instance(
-            form.text, arguments, error, dialect.loaded_dbapi.Error,
+            text, arguments, error, dialect.loaded_dbapi.Error,
             connection_invalidated=lost, dialect=dialect,
         ) from error  # fmt: skip
+    return cursor
 
 
 # SQLSTATE of EXECUTE naming a statement the server session does not have.
@@ -308,7 +354,7 @@ PREPARED_STATEMENTS_LOST = "gateway.prepared_statements_lost"
 
 def execute_prepared(
     connection: Connection, statement: Executable, parameters: dict[str, Any]
-) -> Sequence[Row]:
+) -> Sequence[Any]:
     """Execute ``statement`` as a prepared statement of ``connection``; return its rows.
 
     A pooler between the gateway and PostgreSQL (PgBouncer in transaction mode) may run
@@ -317,18 +363,21 @@ def execute_prepared(
     """
     form = driver_form(statement, connection.dialect, for_prepare=True)
     if current_app.extensions.get(PREPARED_STATEMENTS_LOST) or form.computes_defaults:
-        return connection.execute(statement, parameters).all()
+        return fetch_on_driver(connection, statement, parameters)
     prepared = connection.connection.info.setdefault("prepared", set())
     if form.name not in prepared:
-        connection.exec_driver_sql(f"PREPARE {form.name} AS {form.text}")
+        _on_driver(connection, f"PREPARE {form.name} AS {form.text}").close()
         prepared.add(form.name)
     arguments = form.arguments(parameters)
     placeholders = ", ".join(["%s"] * len(arguments))
     try:
-        return connection.exec_driver_sql(f"EXECUTE {form.name}({placeholders})", arguments).all()
+        cursor = _on_driver(connection, f"EXECUTE {form.name}({placeholders})", arguments)
     except exc.DBAPIError as error:
         if getattr(error.orig, "pgcode", None) != UNKNOWN_PREPARED_STATEMENT:
             raise
-    log.warning("prepared statements do not last on this database's sessions: not preparing")
-    current_app.extensions[PREPARED_STATEMENTS_LOST] = True
-    return connection.execute(statement, parameters).all()
+        log.warning("prepared statements do not last on this database's sessions: not preparing")
+        current_app.extensions[PREPARED_STATEMENTS_LOST] = True
+        return fetch_on_driver(connection, statement, parameters)
+    rows = form.rows(cursor.fetchall())
+    cursor.close()
+    return rows

@@ -121,7 +121,7 @@ def find_caller(raw: str | None) -> Caller | None:
         return None
     # On a connection of its own, back in the pool at once: the request may wait for its
     # caller's body next, and a pooled connection must not wait with it.
-    rows = execute_alone(_FIND_CALLER, {"digest": digest_key(value)})
+    rows = execute_alone(_FIND_CALLER, {"digest": digest_key(value)}, prepared=True)
     row = rows[0] if rows else None
     if row is None or row.state == DELETED:
         return None

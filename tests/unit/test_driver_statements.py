@@ -1,0 +1,72 @@
+"""Statements handed to the driver directly read and fail as SQLAlchemy's own execution."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from app.auth.keys import create_key, find_caller, update_key_limits
+from app.credits.models import Account, LedgerEntry
+from app.database import execute_alone, execute_on_driver, fetch_on_driver
+from app.extensions import db
+from tests.factories import AccountFactory
+
+_ACCOUNT = select(Account.id, Account.balance, Account.created_at, Account.email).where(
+    Account.id == bindparam("account_id")
+)
+
+
+def test_rows_read_on_the_driver_are_typed_as_sqlalchemy_types_them(app_context):
+    account = AccountFactory.create(credits=Decimal("1.2345678901"))
+    issued = create_key(email=account.email, name="typed")
+    update_key_limits(issued.id, permitted_models=["dev-chat-mini"], monthly_limit=Decimal("2.5"))
+
+    with db.engine.connect() as connection:
+        (driven,) = fetch_on_driver(connection, _ACCOUNT, {"account_id": account.id})
+        (executed,) = connection.execute(_ACCOUNT, {"account_id": account.id}).all()
+    assert tuple(driven) == tuple(executed)
+    assert driven.balance == Decimal("1.2345678901") and driven.created_at.tzinfo is UTC
+
+    caller = find_caller(issued.value)  # prepared on PostgreSQL
+    assert caller.permitted_models == frozenset({"dev-chat-mini"})
+    assert caller.monthly_limit == Decimal("2.5") and caller.account_id == account.id
+
+
+def test_a_textual_statement_reads_its_rows_as_the_driver_gives_them(app_context):
+    assert [tuple(row) for row in execute_alone(text("SELECT 1, 'a'"), {})] == [(1, "a")]
+
+
+def test_a_write_on_the_driver_counts_its_rows_and_keeps_its_transaction(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    credit = (
+        update(Account)
+        .where(Account.id == bindparam("account_id"))
+        .values(reserved=Account.reserved + bindparam("amount", type_=Account.reserved.type))
+    )
+    with db.engine.connect() as connection, connection.begin() as transaction:
+        assert execute_on_driver(connection, credit, {"account_id": account.id, "amount": 1}) == 1
+        assert execute_on_driver(connection, credit, {"account_id": -1, "amount": 1}) == 0
+        transaction.rollback()
+    db.session.expire_all()
+    assert db.session.get(Account, account.id).reserved == 0
+
+
+def test_a_failed_write_on_the_driver_raises_as_sqlalchemy_raises_it(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    entry = {
+        "account_id": account.id,
+        "kind": "charge",
+        "amount": Decimal("-0.1"),
+        "generation_id": "gen-twice",
+        "idempotency_key": None,
+        "description": None,
+        "created_at": datetime.now(UTC),
+    }
+    with db.engine.connect() as connection, connection.begin():
+        execute_on_driver(connection, insert(LedgerEntry), entry)
+        with pytest.raises(IntegrityError):
+            execute_on_driver(connection, insert(LedgerEntry), entry)
