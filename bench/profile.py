@@ -5,9 +5,10 @@ upstream, keeps it busy, and samples the worker with py-spy. Each sample is char
 the innermost frame that names a component (auth lookup, rate limiter, schema
 validation, prompt token counting, hold, upstream call, settlement, access log...), so
 that the worker's measured CPU per request splits into what each component costs.
+``--floor`` samples the floor (bench/floor_app.py) instead, to set beside it.
 py-spy is a tool, not a dependency: ``.venv/bin/pip install py-spy`` first.
 
-    .venv/bin/python bench/profile.py [--database-url URL] [--stream] [--seconds 20]
+    .venv/bin/python bench/profile.py [--database-url URL] [--stream] [--seconds 20] [--floor]
 """
 
 from __future__ import annotations
@@ -101,15 +102,16 @@ async def keep_busy(target, scenario: Scenario, until: float, concurrency: int) 
 
 
 def profile(args: argparse.Namespace, scratch: Path, upstream_port: int) -> None:
-    """Serve the gateway, sample it under load, print CPU per request by component."""
+    """Serve the gateway (or the floor), sample it under load, print CPU per request."""
     databases = {"gateway": args.database_url or f"sqlite:///{scratch}/profile.sqlite3"}
     scenario = Scenario("profile", "bench-fast", args.stream, args.concurrency)
     with ExitStack() as stack:
-        _, gateway = start_targets(
+        floor, gateway = start_targets(
             stack, args, scratch, upstream_port, workers=1, databases=databases
         )
-        worker = worker_of(gateway.process)
-        asyncio.run(keep_busy(gateway, scenario, time.monotonic() + 3, args.concurrency))
+        target = floor if args.floor else gateway
+        worker = worker_of(target.process)
+        asyncio.run(keep_busy(target, scenario, time.monotonic() + 3, args.concurrency))
         raw = Path(args.raw) if args.raw else scratch / "profile.txt"
         spy = subprocess.Popen(
             [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(worker),
@@ -119,7 +121,7 @@ def profile(args: argparse.Namespace, scratch: Path, upstream_port: int) -> None
         )  # fmt: skip
         before = tree_cpu_seconds(worker)
         until = time.monotonic() + args.seconds
-        answered = asyncio.run(keep_busy(gateway, scenario, until, args.concurrency))
+        answered = asyncio.run(keep_busy(target, scenario, until, args.concurrency))
         cpu_us = (tree_cpu_seconds(worker) - before) * 1e6 / answered
         spy.wait()
     print_components(read_samples(raw), cpu_us, answered, scenario)
@@ -129,7 +131,7 @@ def print_components(samples: Counter[str], cpu_us: float, answered: int, scenar
     """Print each component's share of the samples and of the CPU per request."""
     total = sum(samples.values()) or 1
     kind = "stream" if scenario.streamed else "whole"
-    print(f"gateway worker: {cpu_us:,.0f} us CPU per {kind} request, {answered} requests")
+    print(f"worker: {cpu_us:,.0f} us CPU per {kind} request, {answered} requests")
     print("| component | share of samples | us CPU per request |")
     print("|---|---:|---:|")
     for name, count in samples.most_common():
@@ -144,6 +146,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--raw", help="also keep py-spy's raw samples in this file")
+    parser.add_argument("--floor", action="store_true", help="profile the floor instead")
     args = parser.parse_args()
     raise_open_files_limit()
     scratch = Path(tempfile.mkdtemp(prefix="bench-profile-"))
