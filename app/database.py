@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import threading
 import time
 from collections import namedtuple
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -81,6 +83,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# How long a statement on SQLite waits for another connection's write to end.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# The first and the longest pause between two tries at SQLite's write lock.
+WRITE_LOCK_PAUSES = (0.0002, 0.005)
+
+
 @event.listens_for(Engine, "connect")
 def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
     # WAL lets readers run beside the one writer; busy_timeout makes concurrent writers
@@ -91,7 +99,7 @@ def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -176,6 +184,57 @@ def init_database(app: Flask) -> None:
 def runs_alone() -> bool:
     """Tell whether statements that write run alone (in autocommit): on PostgreSQL."""
     return AUTOCOMMIT_ENGINE in current_app.extensions
+
+
+# Taken by a process's SQLite writers in turn: a gevent lock in a worker, since
+# gunicorn's configuration patches threading before the app is imported.
+_PROCESS_WRITER = threading.Lock()
+
+
+@contextmanager
+def write_transaction() -> Iterator[Connection]:
+    """Yield a connection of its own in a transaction: committed if the block ends, else not.
+
+    On SQLite the transaction takes the database's write lock first (BEGIN IMMEDIATE),
+    and waits for it by yielding to the worker's other requests: SQLite's own wait
+    sleeps the whole process, which in a gevent worker stalls every request it serves
+    whenever another worker is writing. Only one request of a process tries for the
+    lock at a time; the others queue for it in the process, where waiting costs nothing.
+    """
+    with db.engine.connect() as connection:
+        if connection.dialect.name != "sqlite":
+            with connection.begin():
+                yield connection
+            return
+        with _PROCESS_WRITER, connection.begin():
+            _take_write_lock(connection)
+            yield connection
+
+
+def _take_write_lock(connection: Connection) -> None:
+    pause, longest = WRITE_LOCK_PAUSES
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    # Each try is the driver's alone: a try that finds the lock taken is the common
+    # case under load, too common to pay for SQLAlchemy's exception around it.
+    dbapi = connection.dialect.loaded_dbapi
+    cursor = connection.connection.dbapi_connection.cursor()
+    cursor.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                cursor.execute("BEGIN IMMEDIATE")
+                return
+            except dbapi.OperationalError as error:
+                if "database is locked" not in str(error) or time.monotonic() > deadline:
+                    raise exc.DBAPIError.instance(
+                        "BEGIN IMMEDIATE", None, error, dbapi.Error, dialect=connection.dialect
+                    ) from error
+            # gevent's sleep in a worker: the other requests run meanwhile.
+            time.sleep(pause)
+            pause = min(pause * 2, longest)
+    finally:
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
 
 
 def execute_alone(

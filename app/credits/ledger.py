@@ -66,6 +66,7 @@ from app.database import (
     execute_on_driver,
     runs_alone,
     utcnow,
+    write_transaction,
 )
 from app.extensions import db
 
@@ -447,10 +448,10 @@ def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
 
     One transaction: committed if every step applied, else rolled back.
     """
-    with db.engine.connect() as connection, connection.begin() as steps:
+    with write_transaction() as connection:
         outcome = _apply_hold_steps(connection, hold, month)
         if outcome is not None:
-            steps.rollback()
+            connection.rollback()
     return outcome
 
 
@@ -571,7 +572,7 @@ def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: R
             _settle_covered_in_one_statement(hold, cost, generation_id, statements)
         ):
             return cost
-    with db.engine.begin() as connection:
+    with write_transaction() as connection:
         cost = _settle_step_by_step(connection, hold, cost, generation_id)
         for statement, parameters in records(cost):
             execute_on_driver(connection, statement, parameters)
