@@ -21,13 +21,13 @@ class Config:
     ENV_NAME = "base"
     TESTING = False
     SQLALCHEMY_DATABASE_URI: str | None = None
-    # A gevent worker runs many requests at once, each holding a connection only for a
-    # statement. Beyond pool_size, connections are opened for a burst and closed after
-    # it: on PostgreSQL each is a new server process that prepares the hot path's
-    # statements again, which cost it more than the statements. Waiting for a pooled
-    # connection costs the worker more than having one. The pool grows only as far as a
-    # worker's statements run at once: at most pool_size + max_overflow per engine.
-    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_size": 30, "max_overflow": 10}
+    # A gevent worker runs many requests at once: beyond pool_size, connections are
+    # opened for a burst and closed after it, and on PostgreSQL opening one costs more
+    # than the statements it runs (a new server process, which prepares the hot path's
+    # statements again). Larger pools keep that cost off, but each kept connection
+    # counts against the server's max_connections, which hosted plans set low: at most
+    # pool_size + max_overflow per engine and worker (two engines on PostgreSQL).
+    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_size": 10, "max_overflow": 10}
     # A pooled connection unused this long is checked with a ping before it is used again.
     DATABASE_IDLE_PING_SECONDS = 10
     SECRET_KEY: str | None = None

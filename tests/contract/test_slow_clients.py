@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-# More than the database pool holds (30 connections and ten for bursts, per worker).
-SLOW_CALLERS = 50
+# More than the database pool holds (ten connections and ten for bursts, per worker).
+SLOW_CALLERS = 30
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
 
 
