@@ -1,7 +1,9 @@
-"""The database: shared column types, engines and pools, and statements run alone.
+"""The database: shared column types, engines and pools, and how the hot path runs.
 
-Every package's models use the column types here. On PostgreSQL the hot path's
-statements run alone (in autocommit, the hold's and the settlement's prepared).
+Every package's models use the column types here. The hot path's statements are
+compiled once and handed to the driver; on PostgreSQL they run alone (in autocommit,
+prepared), and on SQLite its writes run in transactions that take the write lock
+without putting the worker to sleep.
 """
 
 from __future__ import annotations
