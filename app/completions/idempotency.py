@@ -7,7 +7,9 @@ replayed: its key stays used, so a retry is refused rather than charged again.
 
 A claim left without an answer by a worker that died outlives it only as long as a credit
 hold does (``HOLD_TTL_SECONDS``): after that a retry takes the key over. Claims and
-answers past their 24 hours are pruned by the sweeper, a batch at a time.
+answers past their 24 hours are pruned by the sweeper, a batch at a time. A request's
+own writes to its claim run as the hold's do (``write_transaction``), so that on SQLite
+they wait for the write lock without stalling the worker.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.completions.models import IdempotentRequest
-from app.database import utcnow
+from app.database import utcnow, write_transaction
 from app.errors import APIError
 from app.extensions import db
 
@@ -80,21 +82,23 @@ def claim_key(*, account_id: int, key: str, body_digest: str, claim_ttl_seconds:
     :raise IdempotencyKeyReused: the key was used with another body.
     :raise IdempotencyKeyInUse: its request is still running, or was streamed.
     """
-    db.session.execute(
-        delete(IdempotentRequest).where(
-            IdempotentRequest.account_id == account_id,
-            IdempotentRequest.key == key,
-            IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW,
-        )
-    )
-    claim = IdempotentRequest(account_id=account_id, key=key, body_digest=body_digest)
-    db.session.add(claim)
     try:
-        db.session.commit()
-        return Claim(id=claim.id)
+        with write_transaction() as connection:
+            connection.execute(
+                delete(IdempotentRequest).where(
+                    IdempotentRequest.account_id == account_id,
+                    IdempotentRequest.key == key,
+                    IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW,
+                )
+            )
+            claimed = connection.execute(
+                insert(IdempotentRequest)
+                .values(account_id=account_id, key=key, body_digest=body_digest)
+                .returning(IdempotentRequest.id)
+            ).scalar_one()
+        return Claim(id=claimed)
     except IntegrityError:
-        db.session.rollback()
-    return _existing_claim(account_id, key, body_digest, claim_ttl_seconds)
+        return _existing_claim(account_id, key, body_digest, claim_ttl_seconds)
 
 
 def _existing_claim(account_id: int, key: str, body_digest: str, claim_ttl_seconds: int) -> Claim:
@@ -125,14 +129,14 @@ def _existing_claim(account_id: int, key: str, body_digest: str, claim_ttl_secon
 
 def _drop_abandoned_claim(claim_id: int) -> None:
     """Delete a claim that never got an answer; a concurrent retry may have done it first."""
-    db.session.execute(
-        delete(IdempotentRequest).where(
-            IdempotentRequest.id == claim_id,
-            IdempotentRequest.response.is_(None),
-            IdempotentRequest.streamed.is_(False),
+    with write_transaction() as connection:
+        connection.execute(
+            delete(IdempotentRequest).where(
+                IdempotentRequest.id == claim_id,
+                IdempotentRequest.response.is_(None),
+                IdempotentRequest.streamed.is_(False),
+            )
         )
-    )
-    db.session.commit()
 
 
 def prune_expired_claims(*, batch_size: int) -> int:
@@ -161,14 +165,16 @@ def mark_streamed(claim: Claim) -> None:
 
 
 def _update_claim(claim: Claim, **values: object) -> None:
-    db.session.execute(
-        update(IdempotentRequest).where(IdempotentRequest.id == claim.id).values(**values)
-    )
-    db.session.commit()
+    with write_transaction() as connection:
+        connection.execute(
+            update(IdempotentRequest).where(IdempotentRequest.id == claim.id).values(**values)
+        )
 
 
 def release_claim(claim: Claim) -> None:
     """Give the key back: the request failed, and a retry should run anew."""
+    # Whatever the failed request left open in its session goes first: on SQLite a write
+    # it began would hold the lock this release waits for.
     db.session.rollback()
-    db.session.execute(delete(IdempotentRequest).where(IdempotentRequest.id == claim.id))
-    db.session.commit()
+    with write_transaction() as connection:
+        connection.execute(delete(IdempotentRequest).where(IdempotentRequest.id == claim.id))

@@ -28,15 +28,16 @@ def test_requests_waiting_for_sqlites_write_lock_leave_their_worker_serving(
         writer = sqlite3.connect(make_url(database_url).database, isolation_level=None)
         writer.execute("BEGIN IMMEDIATE")
         with ThreadPoolExecutor(WAITING_REQUESTS) as pool:
+            # One claims an Idempotency-Key first, a write of its own; the others hold.
             completions = [
                 pool.submit(
                     requests.post,
                     f"{server.url}/v1/chat/completions",
                     json=HELLO,
-                    headers=headers,
+                    headers={**headers, "Idempotency-Key": "waits-0"} if index == 0 else headers,
                     timeout=60,
                 )
-                for _ in range(WAITING_REQUESTS)
+                for index in range(WAITING_REQUESTS)
             ]
             time.sleep(1)  # time for them to reach their hold, and wait for the lock
 
