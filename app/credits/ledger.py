@@ -689,23 +689,18 @@ def _locked_key_allowance(connection: Connection, key_id: int) -> Decimal | None
 
 def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:
     """Push an open hold's expiry forward, for a request that is still alive."""
-    db.session.execute(
-        update(Hold)
-        .where(Hold.id == hold.id, Hold.status == OPEN)
-        .values(expires_at=utcnow() + timedelta(seconds=ttl_seconds))
-    )
-    db.session.commit()
+    extend_holds([hold.id], ttl_seconds=ttl_seconds)
 
 
 def extend_holds(hold_ids: Sequence[str], *, ttl_seconds: int) -> int:
     """Push the expiry of the open holds among ``hold_ids`` forward; return how many."""
     expires_at = utcnow() + timedelta(seconds=ttl_seconds)
     extended = 0
-    for start in range(0, len(hold_ids), EXTEND_BATCH):
-        batch = list(hold_ids[start : start + EXTEND_BATCH])
-        result = db.session.execute(_EXTEND_HOLDS, {"hold_ids": batch, "expires_at": expires_at})
-        extended += result.rowcount
-    db.session.commit()
+    with write_transaction() as connection:
+        for start in range(0, len(hold_ids), EXTEND_BATCH):
+            batch = list(hold_ids[start : start + EXTEND_BATCH])
+            parameters = {"hold_ids": batch, "expires_at": expires_at}
+            extended += connection.execute(_EXTEND_HOLDS, parameters).rowcount
     return extended
 
 
@@ -725,14 +720,15 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
 
 
 def _expire_hold(hold_id: str, account_id: int, amount: Decimal, key_id: int | None) -> int:
-    result = db.session.execute(_CLOSE_HOLD, {"hold_id": hold_id, "status": EXPIRED})
-    if result.rowcount != 1:
-        db.session.rollback()
-        return 0
-    db.session.execute(_DEBIT, {"account_id": account_id, "charge": 0, "released": amount})
-    if key_id is not None:
-        db.session.execute(_RELEASE_ON_KEY, {"key_id": key_id, "amount": amount})
-    db.session.commit()
+    with write_transaction() as connection:
+        closed = execute_on_driver(connection, _CLOSE_HOLD, {"hold_id": hold_id, "status": EXPIRED})
+        if closed != 1:
+            return 0
+        execute_on_driver(
+            connection, _DEBIT, {"account_id": account_id, "charge": 0, "released": amount}
+        )
+        if key_id is not None:
+            execute_on_driver(connection, _RELEASE_ON_KEY, {"key_id": key_id, "amount": amount})
     return 1
 
 
