@@ -295,8 +295,10 @@ class DriverForm:
             processors[key](values[key]) if key in processors else values[key] for key in self.order
         )
 
-    def rows(self, read: Sequence[Sequence[Any]]) -> list[tuple]:
-        """Return the rows the driver ``read``, their values typed as SQLAlchemy types them."""
+    def rows(self, cursor: Any) -> list[tuple]:
+        """Read ``cursor``'s rows and close it; values typed as SQLAlchemy types them."""
+        read = cursor.fetchall()
+        cursor.close()
         if self.row_type is None:
             return list(read)
         processors = self.result_processors
@@ -377,10 +379,7 @@ def fetch_on_driver(
     form = driver_form(statement, connection.dialect, tuple(parameters))
     if form.computes_defaults:
         return connection.execute(statement, parameters).all()
-    cursor = _on_driver(connection, form.text, form.arguments(parameters))
-    rows = form.rows(cursor.fetchall())
-    cursor.close()
-    return rows
+    return form.rows(_on_driver(connection, form.text, form.arguments(parameters)))
 
 
 def _on_driver(connection: Connection, text: str, arguments: Any = None) -> Any:
@@ -439,6 +438,4 @@ def execute_prepared(
         log.warning("prepared statements do not last on this database's sessions: not preparing")
         current_app.extensions[PREPARED_STATEMENTS_LOST] = True
         return fetch_on_driver(connection, statement, parameters)
-    rows = form.rows(cursor.fetchall())
-    cursor.close()
-    return rows
+    return form.rows(cursor)
