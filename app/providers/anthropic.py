@@ -37,6 +37,7 @@ from app.providers.event_stream import ServerSentEvent, read_events
 from app.providers.transport import (
     HttpUpstreamAdapter,
     as_count,
+    prepared_url,
     received_chunks,
     release_response,
 )
@@ -423,7 +424,7 @@ class AnthropicAdapter(HttpUpstreamAdapter):
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
-        self.url = f"{(upstream.base_url or '').rstrip('/')}/v1/messages"
+        self.url = prepared_url(f"{(upstream.base_url or '').rstrip('/')}/v1/messages")
 
     def headers(self) -> dict[str, str]:
         """Return the request headers: the API version and, if configured, the key."""

@@ -33,6 +33,7 @@ from app.providers.event_stream import ServerSentEvent, read_events
 from app.providers.transport import (
     HttpUpstreamAdapter,
     as_count,
+    prepared_url,
     received_chunks,
     release_response,
 )
@@ -128,7 +129,7 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
-        self.url = f"{(upstream.base_url or '').rstrip('/')}/chat/completions"
+        self.url = prepared_url(f"{(upstream.base_url or '').rstrip('/')}/chat/completions")
         self.output_limit_field = upstream.options.get(
             "max_tokens_field", DEFAULT_OUTPUT_LIMIT_FIELD
         )

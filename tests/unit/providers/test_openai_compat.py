@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 
 from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
 from app.providers.errors import (
@@ -15,7 +16,7 @@ from app.providers.errors import (
     UpstreamUnavailable,
 )
 from app.providers.openai_compat import OpenAICompatAdapter
-from app.providers.transport import open_session, received_chunks
+from app.providers.transport import received_chunks
 from tests.upstream_server import Reply, answered_chunks, closed_port, load_transcript
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -296,6 +297,7 @@ def test_an_upstream_gone_silent_mid_stream_times_out(replay_server):
         ("openai_error_429", UpstreamUnavailable, 503, 1.0),
         ("openai_error_429_long", UpstreamUnavailable, 503, 60.0),
         ("openai_error_500", UpstreamError, 502, None),
+        ("nginx_redirect_301", UpstreamMisconfigured, 502, None),
     ],
 )
 def test_error_statuses_map_to_the_gateways_errors_revealing_nothing(
@@ -308,8 +310,10 @@ def test_error_statuses_map_to_the_gateways_errors_revealing_nothing(
 
     error = caught.value
     assert (type(error), error.status, error.retry_after) == (error_class, status, retry_after)
-    for secret in ("sk-", "api key", "127.0.0.1", "openai", "gpt-4o", "third"):
+    for secret in ("sk-", "api key", "127.0.0.1", "openai", "gpt-4o", "third", "example.com"):
         assert secret not in error.message.lower()
+    # A redirect is not followed: the one request went where the catalog says.
+    assert [exchange.path for exchange in replay_server.exchanges] == ["/third/v1/chat/completions"]
 
 
 @pytest.mark.parametrize(
@@ -412,9 +416,7 @@ def test_an_upstream_without_a_system_fingerprint_gets_one_of_the_gateway(adapte
 
 def test_the_events_that_arrived_together_are_one_read(replay_server):
     replay_server.script("/third", Reply("openai_chat_stream", together=True))
-    session = open_session(1)
-
-    response = session.post(f"{replay_server.url}/third/v1/chat/completions", stream=True)
+    response = requests.post(f"{replay_server.url}/third/v1/chat/completions", stream=True)
 
     assert list(received_chunks(response)) == [load_transcript("openai_chat_stream")[1]]
 
