@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from app.observability.trace import RequestTrace
@@ -105,21 +106,21 @@ overhead = Histogram(
 
 def observe_request(trace: RequestTrace) -> None:
     """Record a finished request: its status, and what its generation ran and cost."""
-    requests_total.labels(trace.route, str(trace.status), trace.error_code or "").inc()
-    overhead.labels(trace.route).observe(trace.overhead_seconds())
+    labelled(requests_total, trace.route, str(trace.status), trace.error_code or "").inc()
+    labelled(overhead, trace.route).observe(trace.overhead_seconds())
     for attempt in trace.attempts:
-        upstream_attempts.labels(attempt.upstream, attempt.outcome).inc()
-        operation_duration.labels(OPERATION, attempt.upstream, attempt.outcome).observe(
+        labelled(upstream_attempts, attempt.upstream, attempt.outcome).inc()
+        labelled(operation_duration, OPERATION, attempt.upstream, attempt.outcome).observe(
             attempt.seconds
         )
     if trace.model is None:
         return
     model = trace.model
-    request_duration.labels(OPERATION, model, trace.error_code or "").observe(trace.elapsed())
+    labelled(request_duration, OPERATION, model, trace.error_code or "").observe(trace.elapsed())
     if trace.first_token_seconds is not None:
-        time_to_first_token.labels(OPERATION, model).observe(trace.first_token_seconds)
+        labelled(time_to_first_token, OPERATION, model).observe(trace.first_token_seconds)
     if trace.cost:
-        cost_total.labels(model).inc(float(trace.cost))
+        labelled(cost_total, model).inc(float(trace.cost))
     observe_tokens(model, trace.usage)
 
 
@@ -133,7 +134,22 @@ def observe_tokens(model: str, usage: object) -> None:
     }
     for kind, count in counts.items():
         if count or kind in ("input", "output"):
-            token_usage.labels(OPERATION, model, kind).observe(count)
+            labelled(token_usage, OPERATION, model, kind).observe(count)
+
+
+# Each metric's children by their label values. ``labels()`` checks and converts its
+# values and takes a lock on every call, nearly as long as the observation itself; the
+# label values are few (routes, statuses, models...), so their children are kept here.
+_children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+
+
+def labelled(metric: MetricWrapperBase, *values: str) -> Any:
+    """Return ``metric``'s child for the label ``values`` (strings, as Prometheus keeps them)."""
+    key = (metric, values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
 
 
 class SnapshotCollector:
