@@ -281,19 +281,43 @@ class DriverForm:
     # for a textual statement, which names no columns: its rows are returned as read.
     result_processors: tuple[Callable[[Any], Any] | None, ...]
     row_type: type[tuple] | None
+    # The placeholders' names in the text (in order when positional) and, per name: the
+    # parameter key it takes, whether a value is required, the value the statement
+    # itself carries, its processor. None when some parameter is not a plain value
+    # (an expanding IN, a callable): construct_params then works them out every time.
+    names: tuple[str, ...]
+    slots: tuple[tuple[str, str, bool, Any, Callable[[Any], Any] | None], ...] | None
 
     def arguments(self, parameters: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """Return what the driver is sent for ``parameters``."""
-        values = self.compiled.construct_params(parameters)
-        processors = self.processors
+        if self.slots is None:
+            values = self.compiled.construct_params(parameters)
+            processors = self.processors
+            if self.order is None:
+                return {
+                    key: processors[key](value) if key in processors else value
+                    for key, value in values.items()
+                }
+            return tuple(
+                processors[key](values[key]) if key in processors else values[key]
+                for key in self.order
+            )
+        sent = []
+        for name, key, required, constant, processor in self.slots:
+            # Looked up as SQLAlchemy's construct_params does: by the parameter's key,
+            # then by its name in the text, else the value the statement carries.
+            if key in parameters:
+                value = parameters[key]
+            elif name in parameters:
+                value = parameters[name]
+            elif required:
+                raise exc.InvalidRequestError(f"A value is required for bind parameter {key!r}")
+            else:
+                value = constant
+            sent.append(value if processor is None else processor(value))
         if self.order is None:
-            return {
-                key: processors[key](value) if key in processors else value
-                for key, value in values.items()
-            }
-        return tuple(
-            processors[key](values[key]) if key in processors else values[key] for key in self.order
-        )
+            return dict(zip(self.names, sent, strict=True))
+        return tuple(sent)
 
     def rows(self, cursor: Any) -> list[tuple]:
         """Read ``cursor``'s rows and close it; values typed as SQLAlchemy types them."""
@@ -338,6 +362,7 @@ def driver_form(
             processors[key] = processor
     columns = getattr(statement, "selected_columns", None)
     text = compiled.string
+    names, slots = _parameter_slots(compiled, processors)
     return DriverForm(
         text=text,
         compiled=compiled,
@@ -350,7 +375,31 @@ def driver_form(
             for column in (columns or ())
         ),
         row_type=None if columns is None else namedtuple("Row", columns.keys(), rename=True),
+        names=names,
+        slots=slots,
     )
+
+
+def _parameter_slots(
+    compiled: Compiled, processors: dict[str, Callable[[Any], Any]]
+) -> tuple[tuple[str, ...], tuple | None]:
+    """Return the placeholders' names in the text and their slots (see DriverForm)."""
+    binds = {name: bind for bind, name in compiled.bind_names.items()}
+    names = tuple(compiled.positiontup) if compiled.positional else tuple(binds)
+    plain = not compiled.escaped_bind_names and all(
+        name in binds
+        and binds[name].callable is None
+        and not binds[name].expanding
+        and not binds[name].literal_execute
+        for name in names
+    )
+    if not plain:
+        return names, None
+    slots = tuple(
+        (name, binds[name].key, binds[name].required, binds[name].value, processors.get(name))
+        for name in names
+    )
+    return names, slots
 
 
 def execute_on_driver(

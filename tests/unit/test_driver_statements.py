@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 from sqlalchemy import bindparam, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InvalidRequestError
 
 from app.auth.keys import create_key, find_caller, update_key_limits
-from app.credits.models import Account, LedgerEntry
-from app.database import execute_alone, execute_on_driver, fetch_on_driver
+from app.credits.models import Account, Hold, LedgerEntry
+from app.database import driver_form, execute_alone, execute_on_driver, fetch_on_driver
 from app.extensions import db
 from tests.factories import AccountFactory
 
@@ -72,3 +73,21 @@ def test_a_failed_write_on_the_driver_raises_as_sqlalchemy_raises_it(app_context
             execute_on_driver(connection, insert(LedgerEntry), entry)
         # The entry alone would leave the books unbalanced for the tests after this one.
         transaction.rollback()
+
+
+def test_parameters_are_sent_as_sqlalchemy_would_send_them(app_context):
+    settle = (
+        update(Hold)
+        .where(Hold.id == bindparam("hold_id"), Hold.status == "open")
+        .values(status="settled", amount=bindparam("amount", type_=Hold.amount.type))
+    )
+    dialect = db.engine.dialect
+    form = driver_form(settle, dialect, ("hold_id", "amount"))
+    parameters = {"hold_id": "h-1", "amount": Decimal("0.25")}
+
+    assert form.slots is not None
+    by_sqlalchemy = dataclasses.replace(form, slots=None).arguments(parameters)
+    assert form.arguments(parameters) == by_sqlalchemy
+    assert "settled" in tuple(by_sqlalchemy) or "settled" in dict(by_sqlalchemy).values()
+    with pytest.raises(InvalidRequestError):
+        form.arguments({"amount": Decimal("1")})
