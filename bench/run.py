@@ -449,14 +449,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def upstream_command(port: int) -> list[str]:
+    """Return the command that serves the fake upstream on ``port``."""
+    return [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(port)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print its tables; return 1 if any request failed."""
     args = parse_args(argv)
     raise_open_files_limit(args.streams)
     scratch = Path(tempfile.mkdtemp(prefix="bench-"))
-    port = free_port()
-    command = [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(port)]
-    with running(command, dict(os.environ), port, scratch / "upstream.log") as process:
+    port, log = free_port(), scratch / "upstream.log"
+    with running(upstream_command(port), dict(os.environ), port, log) as process:
         upstream = Target("upstream", port, process, None)
         lines, errors = run_throughput(args, scratch, upstream)
         if args.streams:

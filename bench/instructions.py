@@ -1,0 +1,149 @@
+"""Instructions per request, counted by callgrind: a repeatable figure for comparing changes.
+
+bench/run.py measures CPU time from outside, as users would, but this machine's runs of
+the same code vary by about 20%: too much to see a change worth 3%. Here each target
+(the floor's Flask app and the gateway's, production settings, gevent-patched, metrics
+in multiprocess mode) serves ``--requests`` requests in one process, called as a WSGI
+app, in front of the fake upstream, and callgrind counts the user-space instructions of
+those requests alone (the start-up and a warm-up are not counted). The same code counts
+the same within a fraction of a percent, whatever else the machine does. What it leaves
+out: the kernel's work (sockets, SQLite's file writes and locks: a third of SQLite's own
+cost), gunicorn's, and time spent waiting; bench/run.py's figures remain the ones the
+targets are about.
+
+    .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--requests 200]
+
+valgrind is a Debian package (``apt-get install valgrind``); counting takes about a
+minute per target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import (  # noqa: E402
+    Scenario,
+    base_env,
+    bench_catalog,
+    free_port,
+    funded_key,
+    gateway_env,
+    running,
+    upstream_command,
+)
+
+WARM_UP = 50
+TARGETS = ("floor", "gateway")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Count each target's instructions per request under callgrind; print them."""
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        port = free_port()
+        upstream_log = Path(scratch) / "upstream.log"
+        with running(upstream_command(port), dict(os.environ), port, upstream_log):
+            counts = {target: count(target, args, port, Path(scratch)) for target in TARGETS}
+    kind = "stream (20 chunks)" if args.stream else "whole answer"
+    database = "PostgreSQL" if args.database_url else "SQLite"
+    print(f"{kind}, gateway on {database}, {args.requests} requests counted per target")
+    for target, instructions in counts.items():
+        ratio = instructions / counts["floor"]
+        print(f"{target:8} {instructions / 1e6:6.2f}M instructions per request  {ratio:.2f}x")
+
+
+def count(target: str, args: argparse.Namespace, upstream_port: int, scratch: Path) -> float:
+    """Run ``target`` under callgrind; return its instructions per counted request."""
+    output = scratch / f"callgrind.{target}.out"
+    command = [
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={output}",
+        sys.executable, __file__, "--serve", target, "--upstream-port", str(upstream_port),
+        "--requests", str(args.requests),
+        *(["--stream"] if args.stream else []),
+        *(["--database-url", args.database_url] if args.database_url else []),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{target} under callgrind: {done.stderr[-2000:]}")
+    totals = next(line for line in output.read_text().splitlines() if line.startswith("totals:"))
+    return int(totals.split()[1]) / args.requests
+
+
+def serve(args: argparse.Namespace) -> None:
+    """In the process callgrind runs: serve the requests, counting only the measured ones."""
+    from gevent import monkey
+
+    monkey.patch_all()
+    scratch = Path(tempfile.mkdtemp())
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(scratch)
+    os.environ["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{args.upstream_port}/v1/chat/completions"
+    key = None
+    if args.serve == "gateway":
+        database = args.database_url or f"sqlite:///{scratch / 'gateway.sqlite3'}"
+        catalog = bench_catalog(scratch, args.upstream_port)
+        env = {**base_env(0, 1, 100), **gateway_env(database, catalog)}
+        key = funded_key(env)
+        os.environ.update(env)
+        from wsgi import app
+    else:
+        from bench.floor_app import app
+    body = Scenario("counted", "bench-fast", args.stream, 1).body()
+    for _ in range(WARM_UP):
+        status = call(app, body, key)
+        if not status.startswith("200"):
+            raise RuntimeError(f"{args.serve} answered {status}")
+    # The log and the metrics files stay open: counting starts and stops from outside.
+    subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True)
+    for _ in range(args.requests):
+        call(app, body, key)
+    subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
+
+
+def call(app: object, body: bytes, key: str | None) -> str:
+    """Serve one request as gunicorn would hand it over; read the whole body; return the status."""
+    environ = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/v1/chat/completions", "QUERY_STRING": "",
+        "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1:8000",
+        "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.url_scheme": "http",
+        "wsgi.multithread": False, "wsgi.multiprocess": True, "wsgi.run_once": False,
+    }  # fmt: skip
+    if key:
+        environ["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    statuses: list[str] = []
+    answer = app(environ, lambda status, headers, exc_info=None: statuses.append(status))
+    try:
+        for _ in answer:
+            pass
+    finally:
+        getattr(answer, "close", lambda: None)()
+    return statuses[0]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stream", action="store_true", help="count streamed requests")
+    parser.add_argument("--database-url", help="PostgreSQL URL for the gateway (else SQLite)")
+    parser.add_argument("--requests", type=int, default=200, help="counted per target")
+    parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args(None)
+    if arguments.serve:
+        serve(arguments)
+    else:
+        main()
