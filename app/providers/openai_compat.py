@@ -38,7 +38,9 @@ from app.providers.transport import (
     release_response,
 )
 
-MESSAGE_FIELDS = ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
+MESSAGE_FIELDS = frozenset(
+    ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
+)
 DONE = "[DONE]"
 OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 # Every OpenAI-compatible server reads max_tokens (vLLM, llama.cpp, Ollama, TGI, SGLang);
@@ -66,7 +68,12 @@ def usage_from(raw: dict[str, Any]) -> Usage:
 
 def public_fields(message: dict[str, Any]) -> dict[str, Any]:
     """Keep the contract's fields of a message or delta that are set; rename reasoning."""
-    fields = {key: message[key] for key in MESSAGE_FIELDS if message.get(key) not in (None, [])}
+    # A delta holds a field or two of the six: going over its own is the shorter walk.
+    fields = {
+        key: value
+        for key, value in message.items()
+        if key in MESSAGE_FIELDS and value is not None and value != []
+    }
     if "reasoning" not in fields and message.get("reasoning_content"):
         fields["reasoning"] = message["reasoning_content"]
     return fields

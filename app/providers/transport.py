@@ -131,11 +131,12 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
     events of one upstream read can leave the gateway together.
     """
     raw = response.raw
+    arrived = ChunkArrival.of(raw)
     try:
         while chunk := raw.read1(READ_SIZE, decode_content=True):
             received = [chunk]
             size = len(chunk)
-            while size < READ_SIZE and next_chunk_arrived(raw):
+            while size < READ_SIZE and arrived is not None and arrived.next_chunk():
                 chunk = raw.read1(READ_SIZE, decode_content=True)
                 received.append(chunk)
                 size += len(chunk)
@@ -148,48 +149,60 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
         raise UpstreamError("The connection to the model's upstream was lost.") from None
 
 
-def next_chunk_arrived(raw: urllib3.HTTPResponse) -> bool:
-    """Whether the next HTTP chunk of a body has begun arriving: reading it will not wait.
+class ChunkArrival:
+    """Tells whether the next HTTP chunk of a body has begun arriving: reading it will not wait.
 
     http.client reads a chunk as the end of the one before (CRLF), a size line, then its
     data; each read waits for the network when the connection's buffer runs dry, so the
     buffer must hold the first two and some data. Other bodies (a length, or none) are
-    read whole per call already; an encoded one may wait inside its decoder.
+    read whole per call already, and an encoded one may wait inside its decoder: for
+    those ``of`` returns None.
     """
-    # urllib3 keeps http.client's response, whose buffered reader and chunk state tell.
-    body = raw._fp
-    if raw.headers.get("content-encoding") or not getattr(body, "chunked", False):
-        return False
-    if body.fp is None:
-        return False
-    received = bytes_received(body.fp, raw.connection)
-    if body.chunk_left:
-        return bool(received)
-    if body.chunk_left == 0:
-        received = received[2:]
-    size_line, newline, data = received.partition(b"\n")
-    try:
-        size = int(size_line.partition(b";")[0], 16)
-    except ValueError:
-        return False
-    return bool(newline and data) and size > 0
 
+    def __init__(self, body: Any, socket: Any) -> None:
+        # urllib3 keeps http.client's response, whose buffered reader and chunk state tell.
+        self.body = body
+        self.socket = socket
 
-def bytes_received(reader: Any, connection: Any) -> bytes:
-    """Return what ``reader`` holds or its socket has ready, without waiting for more."""
-    sock = getattr(connection, "sock", None)
-    if sock is None:
-        return b""
-    timeout = sock.gettimeout()
-    # With no timeout, a read that would wait ends at once: the reader's peek returns
-    # what is buffered, or what the socket has, or nothing (TLS raises instead).
-    sock.settimeout(0)
-    try:
-        return reader.peek()
-    except OSError:
-        return b""
-    finally:
-        sock.settimeout(timeout)
+    @classmethod
+    def of(cls, raw: urllib3.HTTPResponse) -> ChunkArrival | None:
+        """Return the arrival check of ``raw``'s body, None when it has none."""
+        body = raw._fp
+        socket = getattr(raw.connection, "sock", None)
+        if raw.headers.get("content-encoding") or not getattr(body, "chunked", False):
+            return None
+        return None if socket is None else cls(body, socket)
+
+    def next_chunk(self) -> bool:
+        """Whether the next chunk's size line and some of its data are here already."""
+        body = self.body
+        if body.fp is None:
+            return False
+        received = self.bytes_received(body.fp)
+        if body.chunk_left:
+            return bool(received)
+        if body.chunk_left == 0:
+            received = received[2:]
+        size_line, newline, data = received.partition(b"\n")
+        try:
+            size = int(size_line.partition(b";")[0], 16)
+        except ValueError:
+            return False
+        return bool(newline and data) and size > 0
+
+    def bytes_received(self, reader: Any) -> bytes:
+        """Return what ``reader`` holds or its socket has ready, without waiting for more."""
+        socket = self.socket
+        timeout = socket.gettimeout()
+        # With no timeout, a read that would wait ends at once: the reader's peek returns
+        # what is buffered, or what the socket has, or nothing (TLS raises instead).
+        socket.settimeout(0)
+        try:
+            return reader.peek()
+        except OSError:
+            return b""
+        finally:
+            socket.settimeout(timeout)
 
 
 def release_response(response: requests.Response, *, complete: bool) -> None:
