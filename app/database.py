@@ -158,10 +158,11 @@ def ping_idle_connections(engine: Engine, idle_seconds: float) -> None:
 
 
 AUTOCOMMIT_ENGINE = "gateway.autocommit_engine"
+SQLITE_WRITER_ENGINE = "gateway.sqlite_writer_engine"
 
 
 def init_database(app: Flask) -> None:
-    """Bind the database; on PostgreSQL add the engine that runs statements alone.
+    """Bind the database; add the engine the hot path writes through.
 
     The hot path's statements on PostgreSQL are each complete on their own (a key's
     lookup, a hold, a covered settlement): run in autocommit they cost one round trip
@@ -181,6 +182,29 @@ def init_database(app: Flask) -> None:
             )
             ping_idle_connections(engine, idle_seconds)
             app.extensions[AUTOCOMMIT_ENGINE] = engine
+        elif db.engine.dialect.name == "sqlite":
+            app.extensions[SQLITE_WRITER_ENGINE] = sqlite_writer_engine(db.engine)
+
+
+def sqlite_writer_engine(engine: Engine) -> Engine:
+    """Return an engine of one connection to ``engine``'s database, for write_transaction.
+
+    Its connection never waits for the write lock SQLite's way, which sleeps the whole
+    process: write_transaction waits for it instead, yielding to the worker's other
+    requests. Once BEGIN IMMEDIATE holds the lock, nothing in a WAL transaction waits
+    for another connection again (its commit's checkpoint is a passive one), so the
+    connection keeps a busy timeout of 0 throughout. One connection is enough: a
+    process's writers take it in turn.
+    """
+    writer = create_engine(engine.url, pool_size=1, max_overflow=0)
+
+    @event.listens_for(writer, "connect")
+    def _fail_when_busy(dbapi_connection: Any, connection_record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout=0")
+        cursor.close()
+
+    return writer
 
 
 def runs_alone() -> bool:
@@ -203,14 +227,14 @@ def write_transaction() -> Iterator[Connection]:
     whenever another worker is writing. Only one request of a process tries for the
     lock at a time; the others queue for it in the process, where waiting costs nothing.
     """
-    with db.engine.connect() as connection:
-        if connection.dialect.name != "sqlite":
-            with connection.begin():
-                yield connection
-            return
-        with _PROCESS_WRITER, connection.begin():
-            _take_write_lock(connection)
+    writer = current_app.extensions.get(SQLITE_WRITER_ENGINE)
+    if writer is None:
+        with db.engine.connect() as connection, connection.begin():
             yield connection
+        return
+    with _PROCESS_WRITER, writer.connect() as connection, connection.begin():
+        _take_write_lock(connection)
+        yield connection
 
 
 def _take_write_lock(connection: Connection) -> None:
@@ -220,7 +244,6 @@ def _take_write_lock(connection: Connection) -> None:
     # case under load, too common to pay for SQLAlchemy's exception around it.
     dbapi = connection.dialect.loaded_dbapi
     cursor = connection.connection.dbapi_connection.cursor()
-    cursor.execute("PRAGMA busy_timeout=0")
     try:
         while True:
             try:
@@ -235,7 +258,6 @@ def _take_write_lock(connection: Connection) -> None:
             time.sleep(pause)
             pause = min(pause * 2, longest)
     finally:
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 
 
