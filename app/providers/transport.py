@@ -68,9 +68,7 @@ def open_pool(pool_size: int) -> HTTPAdapter:
     return HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
 
 
-def prepared_post(
-    url: str, body: bytes, headers: Mapping[str, str]
-) -> requests.PreparedRequest:
+def prepared_post(url: str, body: bytes, headers: Mapping[str, str]) -> requests.PreparedRequest:
     """Return a POST of ``body`` to ``url`` as ``Request.prepare()`` would build it.
 
     ``url`` must already be in prepared form (``prepared_url``), and ``headers`` hold
