@@ -70,3 +70,14 @@ def test_the_instruction_counter_counts_both_targets():
     assert set(counted) == {"floor", "gateway"}
     # Millions of instructions per request: more than zero, so counting was switched on.
     assert all(float(value.rstrip("M")) > 0.5 for value in counted.values()), done.stdout
+
+
+def test_the_sqlite_replay_times_every_way_of_committing():
+    command = [sys.executable, "bench/sqlite_writes.py", "--requests", "5"]
+
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = table_rows(done.stdout, 2)
+    assert [row[0] for row in rows] == ["two", "one", "batch 8", "batch 32"]
+    assert all(float(row[1].replace(",", "")) > 0 for row in rows)
