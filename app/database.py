@@ -287,9 +287,9 @@ class DriverForm:
 
     text: str
     compiled: Compiled
-    # The parameters' names in the order of the text's placeholders; None when the
-    # driver takes them by name.
-    order: tuple[str, ...] | None
+    # Whether the driver takes the parameters in the order of the text's placeholders
+    # (``names``), or by name.
+    positional: bool
     # What turns a parameter's value into what the driver sends (money into units...).
     processors: dict[str, Callable[[Any], Any]]
     # Whether SQLAlchemy computes some values when it executes the statement (the
@@ -303,10 +303,10 @@ class DriverForm:
     # for a textual statement, which names no columns: its rows are returned as read.
     result_processors: tuple[Callable[[Any], Any] | None, ...]
     row_type: type[tuple] | None
-    # The placeholders' names in the text (in order when positional) and, per name: the
-    # parameter key it takes, whether a value is required, the value the statement
-    # itself carries, its processor. None when some parameter is not a plain value
-    # (an expanding IN, a callable): construct_params then works them out every time.
+    # The placeholders' names in the text (in their order when positional) and, per
+    # name: the parameter key it takes, whether a value is required, the value the
+    # statement itself carries, its processor. None when some parameter is not a plain
+    # value (an expanding IN, a callable): construct_params works them out every time.
     names: tuple[str, ...]
     slots: tuple[tuple[str, str, bool, Any, Callable[[Any], Any] | None], ...] | None
 
@@ -315,14 +315,14 @@ class DriverForm:
         if self.slots is None:
             values = self.compiled.construct_params(parameters)
             processors = self.processors
-            if self.order is None:
+            if not self.positional:
                 return {
                     key: processors[key](value) if key in processors else value
                     for key, value in values.items()
                 }
             return tuple(
                 processors[key](values[key]) if key in processors else values[key]
-                for key in self.order
+                for key in self.names
             )
         sent = []
         for name, key, required, constant, processor in self.slots:
@@ -337,7 +337,7 @@ class DriverForm:
             else:
                 value = constant
             sent.append(value if processor is None else processor(value))
-        if self.order is None:
+        if not self.positional:
             return dict(zip(self.names, sent, strict=True))
         return tuple(sent)
 
@@ -388,7 +388,7 @@ def driver_form(
     return DriverForm(
         text=text,
         compiled=compiled,
-        order=tuple(compiled.positiontup) if compiled.positional else None,
+        positional=compiled.positional,
         processors=processors,
         computes_defaults=bool(compiled.insert_prefetch or compiled.update_prefetch),
         name="gateway_" + hashlib.sha256(text.encode()).hexdigest()[:24],
