@@ -80,7 +80,6 @@ def prepared_post(url: str, body: bytes, headers: Mapping[str, str]) -> requests
     prepared.headers = CaseInsensitiveDict(headers)
     prepared.headers["Content-Length"] = str(len(body))
     prepared.body = body
-    prepared.hooks = {"response": []}
     return prepared
 
 
