@@ -35,6 +35,7 @@ from bench.run import (  # noqa: E402
     running,
     start_targets,
     tree_cpu_seconds,
+    upstream_command,
     worker_of,
 )
 
@@ -151,8 +152,7 @@ def main() -> None:
     raise_open_files_limit()
     scratch = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     port = free_port()
-    command = [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(port)]
-    with running(command, dict(os.environ), port, scratch / "upstream.log"):
+    with running(upstream_command(port), dict(os.environ), port, scratch / "upstream.log"):
         profile(args, scratch, port)
 
 
