@@ -21,13 +21,14 @@ class Config:
     ENV_NAME = "base"
     TESTING = False
     SQLALCHEMY_DATABASE_URI: str | None = None
-    # A gevent worker runs many requests at once: beyond pool_size, connections are
-    # opened for a burst and closed after it, and on PostgreSQL opening one costs more
-    # than the statements it runs (a new server process, which prepares the hot path's
-    # statements again). Larger pools keep that cost off, but each kept connection
-    # counts against the server's max_connections, which hosted plans set low: at most
-    # pool_size + max_overflow per engine and worker (two engines on PostgreSQL).
-    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {"pool_size": 10, "max_overflow": 10}
+    SQLALCHEMY_ENGINE_OPTIONS: dict[str, Any] = {}
+    # Connections each worker keeps per engine (two engines on PostgreSQL), and never
+    # more: a request finding them all in use waits for one. A gevent worker's many
+    # requests each hold one only for a statement or a transaction, so a few serve
+    # them all; beyond them, connections opened for a burst and closed after it cost
+    # PostgreSQL more than the statements they run (a new server process each), and
+    # more backends racing for one account's row burn the server's CPU on lock waits.
+    DATABASE_POOL_SIZE = 5
     # A pooled connection unused this long is checked with a ping before it is used again.
     DATABASE_IDLE_PING_SECONDS = 10
     SECRET_KEY: str | None = None
@@ -106,8 +107,14 @@ def normalize_database_url(url: str) -> str:
 
 
 def database_engine_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the engine options for the configured database: a connect timeout on PostgreSQL."""
+    """Return the engine options for the configured database.
+
+    A pool of DATABASE_POOL_SIZE connections without overflow, and on PostgreSQL a
+    connect timeout; options the configuration names itself are kept.
+    """
     options = dict(config.get("SQLALCHEMY_ENGINE_OPTIONS") or {})
+    options.setdefault("pool_size", config["DATABASE_POOL_SIZE"])
+    options.setdefault("max_overflow", 0)
     if str(config.get("SQLALCHEMY_DATABASE_URI") or "").startswith("postgresql"):
         connect_args = dict(options.get("connect_args") or {})
         connect_args.setdefault("connect_timeout", config["DATABASE_CONNECT_TIMEOUT_SECONDS"])
@@ -149,6 +156,7 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("RATE_LIMIT", "RATE_LIMIT", str),
     ("MODEL_CATALOG", "MODEL_CATALOG", str),
     ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
+    ("DATABASE_POOL_SIZE", "DATABASE_POOL_SIZE", _positive_int),
     ("SIGNUP", "SIGNUP", _signup_mode),
     ("LOG_FORMAT", "LOG_FORMAT", _log_format),
     ("METRICS_TOKEN", "METRICS_TOKEN", str),

@@ -1,18 +1,21 @@
-"""Pooled database connections: one lost while idle is replaced before a request uses it."""
+"""Pooled database connections: bounded per worker; one lost while idle is replaced before use."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 import sqlalchemy
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app.database import AUTOCOMMIT_ENGINE, PREPARED_STATEMENTS_LOST, execute_alone
 from app.extensions import db
-from tests.conftest import TEST_CATALOG
+from tests.conftest import TEST_CATALOG, running_server
 
 APPLICATION_NAME = "gateway-idle-ping-test"
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
@@ -122,3 +125,48 @@ def test_a_hold_survives_its_prepared_statement_going_missing(postgres_url, fund
     assert complete(client, funded_key.key).status_code == 200
     assert app.extensions[PREPARED_STATEMENTS_LOST]
     assert complete(client, funded_key.key).status_code == 200
+
+
+def test_a_worker_never_opens_more_connections_than_its_pool(postgres_url, funded_key, tmp_path):
+    # A burst of requests much larger than the pool: they queue for its connections,
+    # and none is opened beside them (each costs the server a process).
+    name, pool_size, burst = "gateway-pool-bound-test", 2, 48
+    url = sqlalchemy.make_url(postgres_url).update_query_dict({"application_name": name})
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    seen, done = [], threading.Event()
+
+    def count_backends() -> None:
+        with admin.connect() as connection:
+            while not done.is_set():
+                seen.append(
+                    connection.execute(
+                        sqlalchemy.text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n"
+                        ),
+                        {"n": name},
+                    ).scalar_one()
+                )
+                time.sleep(0.005)
+
+    def ask(index: int) -> int:
+        body = {**HELLO, "stream": index % 2 == 0}
+        headers = {"Authorization": f"Bearer {funded_key.key}"}
+        return requests.post(
+            f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60
+        ).status_code
+
+    url_text = url.render_as_string(hide_password=False)
+    with running_server(url_text, tmp_path, DATABASE_POOL_SIZE=str(pool_size)) as server:
+        watcher = threading.Thread(target=count_backends)
+        watcher.start()
+        try:
+            with ThreadPoolExecutor(burst) as pool:
+                statuses = list(pool.map(ask, range(burst * 2)))
+        finally:
+            done.set()
+            watcher.join()
+    admin.dispose()
+
+    assert statuses == [200] * burst * 2
+    # Two engines on PostgreSQL: the session's and the one for statements run alone.
+    assert 0 < max(seen) <= 2 * pool_size, seen

@@ -20,12 +20,22 @@ def test_postgresql_connections_get_a_connect_timeout_and_sqlite_none():
             "SQLALCHEMY_DATABASE_URI": "postgresql+psycopg2://db.internal/gateway",
             "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
             "DATABASE_CONNECT_TIMEOUT_SECONDS": 3,
+            "DATABASE_POOL_SIZE": 5,
         }
     )["SQLALCHEMY_ENGINE_OPTIONS"]
     sqlite = database_engine_options(
-        {"SQLALCHEMY_DATABASE_URI": "sqlite:///x.sqlite3", "DATABASE_CONNECT_TIMEOUT_SECONDS": 3}
+        {
+            "SQLALCHEMY_DATABASE_URI": "sqlite:///x.sqlite3",
+            "DATABASE_CONNECT_TIMEOUT_SECONDS": 3,
+            "DATABASE_POOL_SIZE": 5,
+        }
     )["SQLALCHEMY_ENGINE_OPTIONS"]
-    assert postgres == {"pool_pre_ping": True, "connect_args": {"connect_timeout": 3}}
+    assert postgres == {
+        "pool_pre_ping": True,
+        "pool_size": 5,
+        "max_overflow": 0,
+        "connect_args": {"connect_timeout": 3},
+    }
     assert "connect_args" not in sqlite
 
 

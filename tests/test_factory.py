@@ -2,6 +2,7 @@ import pytest
 
 from app import create_app
 from app.catalog.errors import CatalogError
+from app.extensions import db
 from config.settings import ConfigurationError, normalize_database_url, settings_from_environment
 
 
@@ -43,6 +44,22 @@ def test_paas_database_urls_are_accepted():
 def test_bad_numbers_in_the_environment_are_named():
     with pytest.raises(ConfigurationError, match="HOLD_TTL_SECONDS"):
         settings_from_environment({"HOLD_TTL_SECONDS": "soon"})
+    with pytest.raises(ConfigurationError, match="DATABASE_POOL_SIZE"):
+        settings_from_environment({"DATABASE_POOL_SIZE": "0"})
+
+
+def test_the_pool_size_bounds_each_engine_without_overflow(tmp_path):
+    app = create_app(
+        "testing",
+        {
+            **settings_from_environment({"DATABASE_POOL_SIZE": "3"}),
+            "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'pool.sqlite3'}",
+            "MODEL_CATALOG": "tests/fixtures/models.toml",
+        },
+    )
+    with app.app_context():
+        pool = db.engine.pool
+        assert (pool.size(), pool._max_overflow) == (3, 0)
 
 
 def test_unknown_environment_name_is_refused():
