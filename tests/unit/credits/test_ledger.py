@@ -11,6 +11,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError
 from app.credits import ledger
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
+from app.database import fetch_on_driver, utcnow
 from app.extensions import db
 from tests.factories import AccountFactory
 
@@ -152,3 +153,27 @@ def test_the_database_refuses_to_change_or_remove_ledger_entries(app_context, st
         db.session.commit()
     db.session.rollback()
     assert state(account.id) == (Decimal("1"), 0, Decimal("1"))
+
+
+def test_a_hold_commits_without_waiting_for_the_disk_and_only_itself(app_context):
+    # What a server crash may lose is a hold, never what commits after it on the connection.
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's hold is one statement, its own transaction")
+    account = AccountFactory.create(credits=Decimal("1"))
+    now = utcnow()
+    hold = {
+        "id": "hold-commit-mode",
+        "account_id": account.id,
+        "amount": Decimal("0.5"),
+        "api_key_id": None,
+        "status": ledger.OPEN,
+        "created_at": now,
+        "expires_at": now,
+    }
+    statement, parameters = ledger.hold_statement(hold, ledger.spend_month(now))
+    with db.engine.connect() as connection:
+        with connection.begin():
+            assert fetch_on_driver(connection, statement, parameters)[0][0] == 1
+            assert connection.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
+        assert connection.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+    assert state(account.id) == (Decimal("1"), Decimal("0.5"), Decimal("1"))
