@@ -85,6 +85,10 @@ class Figures:
     p99_ms: float
     ttfb_ms: float
     rps: float
+    # The busiest worker's share of the workers' CPU: keep-alive connections opened in
+    # a burst may all land on one worker (gunicorn's workers accept from one socket),
+    # and a worker serving all of them serves about half of what two would.
+    busiest_worker: float
     errors: int
 
 
@@ -138,6 +142,18 @@ def cpu_ticks(process: Path, *, ended_children: bool = False) -> int:
 def tree_cpu_seconds(pid: int) -> float:
     """Return the CPU time (user + system) used so far by ``pid``'s process tree."""
     return sum(cpu_ticks(Path(f"/proc/{member}")) for member in process_tree(pid)) / CLOCK_TICKS
+
+
+def workers_cpu_ticks(master_pid: int) -> dict[int, int]:
+    """Return the CPU clock ticks each of a gunicorn master's workers has used so far."""
+    return {pid: cpu_ticks(Path(f"/proc/{pid}")) for pid in process_tree(master_pid)[1:]}
+
+
+def busiest_share(before: dict[int, int], after: dict[int, int]) -> float:
+    """Return the largest worker's share of the CPU its workers used between two readings."""
+    used = [ticks - before.get(pid, 0) for pid, ticks in after.items()]
+    total = sum(used)
+    return max(used) / total if total > 0 else 1.0
 
 
 def database_cpu_seconds() -> float:
@@ -282,6 +298,7 @@ def measure(target: Target, scenario: Scenario, count: int, upstream_pid: int) -
     cpu_before = tree_cpu_seconds(target.process.pid)
     upstream_before = tree_cpu_seconds(upstream_pid)
     database_before = database_cpu_seconds()
+    workers_before = workers_cpu_ticks(target.process.pid)
     timings = asyncio.run(
         send_requests(
             target.port, scenario.body(), target.key, count=count,
@@ -291,6 +308,7 @@ def measure(target: Target, scenario: Scenario, count: int, upstream_pid: int) -
     cpu = tree_cpu_seconds(target.process.pid) - cpu_before
     upstream_cpu = tree_cpu_seconds(upstream_pid) - upstream_before
     database_cpu = database_cpu_seconds() - database_before
+    busiest = busiest_share(workers_before, workers_cpu_ticks(target.process.pid))
     if timings.errors:
         print(f"{target.name} {scenario.name}: {timings.errors[0]}", file=sys.stderr)
     answered = len(timings.latencies)
@@ -303,6 +321,7 @@ def measure(target: Target, scenario: Scenario, count: int, upstream_pid: int) -
         p99_ms=percentile(timings.latencies, 0.99) * 1000,
         ttfb_ms=percentile(timings.first_bytes, 0.5) * 1000,
         rps=answered / timings.elapsed,
+        busiest_worker=busiest,
         errors=len(timings.errors),
     )
 
@@ -334,8 +353,8 @@ def throughput_rows(results: dict[tuple[str, str], Figures], plan, targets) -> l
     rows = [
         "| scenario | target | CPU us/req | x floor | p50 ms | p90 ms | p99 ms | TTFB p50 ms "
         "| TTFB vs floor ms | req/s | % of floor | upstream CPU us/req | PostgreSQL CPU us/req "
-        "| errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| busiest worker | errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario in plan:
         floor = results[scenario.name, "floor"]
@@ -346,7 +365,8 @@ def throughput_rows(results: dict[tuple[str, str], Figures], plan, targets) -> l
                 f"{ratio(own.cpu_us, floor.cpu_us)} | {own.p50_ms:.2f} | {own.p90_ms:.2f} | "
                 f"{own.p99_ms:.2f} | {own.ttfb_ms:.2f} | {own.ttfb_ms - floor.ttfb_ms:+.2f} | "
                 f"{own.rps:,.0f} | {100 * own.rps / floor.rps:.0f}% | "
-                f"{own.upstream_cpu_us:,.0f} | {own.database_cpu_us:,.0f} | {own.errors} |"
+                f"{own.upstream_cpu_us:,.0f} | {own.database_cpu_us:,.0f} | "
+                f"{100 * own.busiest_worker:.0f}% | {own.errors} |"
             )
     return rows
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.run import ratio, scenarios
+from bench.run import busiest_share, ratio, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONCURRENCY = 3
@@ -41,7 +41,7 @@ def test_the_harness_reports_every_scenario_of_every_target(database_url):
     done = run_bench(*arguments, "--streams", "8")
 
     assert done.returncode == 0, done.stderr[-3000:]
-    throughput = table_rows(done.stdout, 14)
+    throughput = table_rows(done.stdout, 15)
     expected = {
         (scenario.name, target) for scenario in scenarios(CONCURRENCY) for target in targets
     }
@@ -50,8 +50,18 @@ def test_the_harness_reports_every_scenario_of_every_target(database_url):
     for row in throughput:
         assert row[-1] == "0", row
         assert float(row[2].replace(",", "")) >= 0 and float(row[4]) > 0
+        assert 50 <= int(row[-2].rstrip("%")) <= 100, row
     memory = table_rows(done.stdout.split("\n\n", 1)[1], 6)
     assert [(row[0], row[1]) for row in memory] == [("floor", "8"), ("gateway-sqlite", "8")]
+
+
+def test_the_busiest_worker_share_is_of_what_the_workers_used_meanwhile():
+    before = {101: 500, 102: 900}
+    assert busiest_share(before, {101: 530, 102: 1000}) == 100 / 130
+    assert busiest_share(before, {101: 600, 102: 1000}) == 0.5
+    # A worker that started meanwhile counts from zero; none used anything: one did it all.
+    assert busiest_share(before, {101: 500, 102: 900, 103: 20}) == 1.0
+    assert busiest_share(before, before) == 1.0
 
 
 def test_a_ratio_to_a_floor_that_measured_nothing_is_a_dash():
