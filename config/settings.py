@@ -25,9 +25,10 @@ class Config:
     # Connections each worker keeps per engine (two engines on PostgreSQL), and never
     # more: a request finding them all in use waits for one. A gevent worker's many
     # requests each hold one only for a statement or a transaction, so a few serve
-    # them all; beyond them, connections opened for a burst and closed after it cost
-    # PostgreSQL more than the statements they run (a new server process each), and
-    # more backends racing for one account's row burn the server's CPU on lock waits.
+    # them all. Beyond them, connections opened for a burst and closed after it cost
+    # PostgreSQL more than the statements they run (a new server process each), and the
+    # more backends race for one account's row, the more CPU each request costs the
+    # server (at 64 requests at once, twice as much with 10 + 10 per engine as with 5).
     DATABASE_POOL_SIZE = 5
     # A pooled connection unused this long is checked with a ping before it is used again.
     DATABASE_IDLE_PING_SECONDS = 10
