@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Executable, delete, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from app.completions.models import IdempotentRequest
@@ -82,21 +83,23 @@ def claim_key(*, account_id: int, key: str, body_digest: str, claim_ttl_seconds:
     :raise IdempotencyKeyReused: the key was used with another body.
     :raise IdempotencyKeyInUse: its request is still running, or was streamed.
     """
-    try:
-        with write_transaction() as connection:
-            connection.execute(
-                delete(IdempotentRequest).where(
-                    IdempotentRequest.account_id == account_id,
-                    IdempotentRequest.key == key,
-                    IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW,
-                )
+
+    def claim(connection: Connection) -> int:
+        connection.execute(
+            delete(IdempotentRequest).where(
+                IdempotentRequest.account_id == account_id,
+                IdempotentRequest.key == key,
+                IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW,
             )
-            claimed = connection.execute(
-                insert(IdempotentRequest)
-                .values(account_id=account_id, key=key, body_digest=body_digest)
-                .returning(IdempotentRequest.id)
-            ).scalar_one()
-        return Claim(id=claimed)
+        )
+        return connection.execute(
+            insert(IdempotentRequest)
+            .values(account_id=account_id, key=key, body_digest=body_digest)
+            .returning(IdempotentRequest.id)
+        ).scalar_one()
+
+    try:
+        return Claim(id=write_transaction(claim))
     except IntegrityError:
         return _existing_claim(account_id, key, body_digest, claim_ttl_seconds)
 
@@ -129,14 +132,13 @@ def _existing_claim(account_id: int, key: str, body_digest: str, claim_ttl_secon
 
 def _drop_abandoned_claim(claim_id: int) -> None:
     """Delete a claim that never got an answer; a concurrent retry may have done it first."""
-    with write_transaction() as connection:
-        connection.execute(
-            delete(IdempotentRequest).where(
-                IdempotentRequest.id == claim_id,
-                IdempotentRequest.response.is_(None),
-                IdempotentRequest.streamed.is_(False),
-            )
+    _write(
+        delete(IdempotentRequest).where(
+            IdempotentRequest.id == claim_id,
+            IdempotentRequest.response.is_(None),
+            IdempotentRequest.streamed.is_(False),
         )
+    )
 
 
 def prune_expired_claims(*, batch_size: int) -> int:
@@ -165,10 +167,7 @@ def mark_streamed(claim: Claim) -> None:
 
 
 def _update_claim(claim: Claim, **values: object) -> None:
-    with write_transaction() as connection:
-        connection.execute(
-            update(IdempotentRequest).where(IdempotentRequest.id == claim.id).values(**values)
-        )
+    _write(update(IdempotentRequest).where(IdempotentRequest.id == claim.id).values(**values))
 
 
 def release_claim(claim: Claim) -> None:
@@ -176,5 +175,9 @@ def release_claim(claim: Claim) -> None:
     # Whatever the failed request left open in its session goes first: on SQLite a write
     # it began would hold the lock this release waits for.
     db.session.rollback()
-    with write_transaction() as connection:
-        connection.execute(delete(IdempotentRequest).where(IdempotentRequest.id == claim.id))
+    _write(delete(IdempotentRequest).where(IdempotentRequest.id == claim.id))
+
+
+def _write(statement: Executable) -> None:
+    """Run one statement in a transaction of its own, as the hold's writes run."""
+    write_transaction(lambda connection: connection.execute(statement))

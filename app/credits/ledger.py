@@ -458,21 +458,29 @@ def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
 
     One transaction: committed if every step applied, else rolled back.
     """
-    with write_transaction() as connection:
-        outcome = _apply_hold_steps(connection, hold, month)
-        if outcome is not None:
-            connection.rollback()
-    return outcome
+    try:
+        write_transaction(lambda connection: _apply_hold_steps(connection, hold, month))
+    except _HoldRefused as refused:
+        return refused.outcome
+    return None
 
 
-def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> str | None:
+class _HoldRefused(Exception):
+    """Raised by a hold's step that did not apply, so that its transaction is rolled back."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> None:
     reserved = execute_on_driver(
         connection,
         _reserve_statement(_ACCOUNT_COVERS),
         {"account_id": hold["account_id"], "amount": hold["amount"]},
     )
     if reserved != 1:
-        return _BALANCE_SHORT
+        raise _HoldRefused(_BALANCE_SHORT)
     if hold["api_key_id"] is not None:
         on_key = execute_on_driver(
             connection,
@@ -480,9 +488,8 @@ def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> str | N
             {"key_id": hold["api_key_id"], "amount": hold["amount"], "month": month},
         )
         if on_key != 1:
-            return _KEY_LIMIT_REACHED
+            raise _HoldRefused(_KEY_LIMIT_REACHED)
     execute_on_driver(connection, _INSERT_HOLD, hold)
-    return None
 
 
 def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
@@ -588,11 +595,14 @@ def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: R
             _settle_covered_in_one_statement(hold, cost, generation_id, statements)
         ):
             return cost
-    with write_transaction() as connection:
-        cost = _settle_step_by_step(connection, hold, cost, generation_id)
-        for statement, parameters in records(cost):
+
+    def settle(connection: Connection) -> Decimal:
+        charge = _settle_step_by_step(connection, hold, cost, generation_id)
+        for statement, parameters in records(charge):
             execute_on_driver(connection, statement, parameters)
-    return cost
+        return charge
+
+    return write_transaction(settle)
 
 
 def _settle_covered_in_one_statement(
@@ -711,13 +721,16 @@ def extend_hold(hold: HeldCredit, *, ttl_seconds: int) -> None:
 def extend_holds(hold_ids: Sequence[str], *, ttl_seconds: int) -> int:
     """Push the expiry of the open holds among ``hold_ids`` forward; return how many."""
     expires_at = utcnow() + timedelta(seconds=ttl_seconds)
-    extended = 0
-    with write_transaction() as connection:
+
+    def extend(connection: Connection) -> int:
+        extended = 0
         for start in range(0, len(hold_ids), EXTEND_BATCH):
             batch = list(hold_ids[start : start + EXTEND_BATCH])
             parameters = {"hold_ids": batch, "expires_at": expires_at}
             extended += connection.execute(_EXTEND_HOLDS, parameters).rowcount
-    return extended
+        return extended
+
+    return write_transaction(extend)
 
 
 def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:
@@ -736,7 +749,7 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
 
 
 def _expire_hold(hold_id: str, account_id: int, amount: Decimal, key_id: int | None) -> int:
-    with write_transaction() as connection:
+    def expire(connection: Connection) -> int:
         closed = execute_on_driver(connection, _CLOSE_HOLD, {"hold_id": hold_id, "status": EXPIRED})
         if closed != 1:
             return 0
@@ -745,7 +758,9 @@ def _expire_hold(hold_id: str, account_id: int, amount: Decimal, key_id: int | N
         )
         if key_id is not None:
             execute_on_driver(connection, _RELEASE_ON_KEY, {"key_id": key_id, "amount": amount})
-    return 1
+        return 1
+
+    return write_transaction(expire)
 
 
 @dataclass(frozen=True)

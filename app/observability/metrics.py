@@ -95,6 +95,13 @@ rate_limit_fallbacks = Counter(
     "Times a worker found Redis unreachable and fell back to counting in its own memory.",
     registry=registry,
 )
+sqlite_writes_per_commit = Histogram(
+    "gateway_sqlite_writes_per_commit",
+    "Writes (holds, settlements...) each SQLite commit of a worker carried: above one, they"
+    " queued for the write lock and committed together.",
+    buckets=(1, 2, 4, 8, 16),
+    registry=registry,
+)
 overhead = Histogram(
     "gateway_overhead_seconds",
     "Time the gateway itself added to a request: its duration minus upstream waits.",

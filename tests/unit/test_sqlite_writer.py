@@ -1,0 +1,137 @@
+"""A process's SQLite writes that queue for the write lock commit together, each undone alone."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from app.database import SQLiteWriter, sqlite_writer_engine
+from app.observability import metrics
+
+_NOTE = text("INSERT INTO notes (word) VALUES (:word)")
+
+
+@pytest.fixture
+def database(tmp_path) -> Iterator[str]:
+    path = tmp_path / "writes.sqlite3"
+    with sqlite3.connect(path) as setup:
+        setup.execute("PRAGMA journal_mode=WAL")
+        setup.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, word TEXT UNIQUE NOT NULL)")
+    yield str(path)
+
+
+def note(word: str) -> Callable[[Connection], int]:
+    def write(connection: Connection) -> int:
+        return connection.execute(_NOTE, {"word": word}).rowcount
+
+    return write
+
+
+def notes(*words: str) -> Callable[[Connection], None]:
+    def write(connection: Connection) -> None:
+        for word in words:
+            note(word)(connection)
+
+    return write
+
+
+def words(path: str) -> set[str]:
+    with sqlite3.connect(path) as reader:
+        return {word for (word,) in reader.execute("SELECT word FROM notes")}
+
+
+def commits() -> tuple[float, float]:
+    """The writer's commits so far, and the writes they carried."""
+    read = metrics.registry.get_sample_value
+    return (
+        read("gateway_sqlite_writes_per_commit_count") or 0.0,
+        read("gateway_sqlite_writes_per_commit_sum") or 0.0,
+    )
+
+
+def run_in_threads(
+    writer: SQLiteWriter, writes: dict[str, Callable]
+) -> tuple[dict[str, object], list[threading.Thread]]:
+    """Start each write in a thread of its own, in order: their outcomes fill the dict."""
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, work: Callable) -> None:
+        try:
+            outcomes[name] = writer.run(work)
+        except Exception as error:  # the outcome under test
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=run, args=item) for item in writes.items()]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)  # each queues behind the one before
+    return outcomes, threads
+
+
+def test_writes_queued_behind_the_lock_commit_together_and_fail_alone(database):
+    writer = SQLiteWriter(sqlite_writer_engine(create_engine(f"sqlite:///{database}")))
+    other_process = sqlite3.connect(database, isolation_level=None)
+    other_process.execute("BEGIN IMMEDIATE")
+    before = commits()
+
+    outcomes, threads = run_in_threads(
+        writer,
+        {
+            "first": note("one"),
+            "second": note("two"),
+            "again": notes("four", "one"),  # fails at its second note: neither is kept
+            "last": note("three"),
+        },
+    )
+    time.sleep(0.2)
+    assert outcomes == {}, "no write could have committed while another process held the lock"
+    other_process.execute("ROLLBACK")
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert outcomes["first"] == outcomes["second"] == outcomes["last"] == 1
+    assert isinstance(outcomes["again"], IntegrityError)
+    assert words(database) == {"one", "two", "three"}
+    count, carried = commits()
+    assert (count - before[0], carried - before[1]) == (1, 4)
+
+
+def test_a_write_alone_is_committed_or_rolled_back_alone(database):
+    writer = SQLiteWriter(sqlite_writer_engine(create_engine(f"sqlite:///{database}")))
+
+    def note_then_fail(connection: Connection) -> None:
+        note("lost")(connection)
+        raise LookupError("the write changed its mind")
+
+    assert writer.run(note("kept")) == 1
+    with pytest.raises(LookupError):
+        writer.run(note_then_fail)
+    assert writer.run(note("after")) == 1
+
+    assert words(database) == {"kept", "after"}
+
+
+def test_at_most_the_limit_of_writes_commit_together(database):
+    writer = SQLiteWriter(
+        sqlite_writer_engine(create_engine(f"sqlite:///{database}")), most_per_commit=2
+    )
+    other_process = sqlite3.connect(database, isolation_level=None)
+    other_process.execute("BEGIN IMMEDIATE")
+    before = commits()
+
+    outcomes, threads = run_in_threads(writer, {word: note(word) for word in "abcde"})
+    other_process.execute("ROLLBACK")
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert outcomes == dict.fromkeys("abcde", 1)
+    assert words(database) == set("abcde")
+    count, carried = commits()
+    assert carried - before[1] == 5 and count - before[0] >= 3
