@@ -297,7 +297,8 @@ class SQLiteWriter:
                 self._finish(self._next_group(), error)
                 return
             group = self._next_group()
-            metrics.sqlite_writes_per_commit.observe(len(group))
+            if len(group) > 1:
+                metrics.sqlite_shared_commit_writes.observe(len(group))
             outcome: BaseException | None = RuntimeError("the write's transaction was interrupted")
             try:
                 self._run_group(transaction, connection, group)
