@@ -1,19 +1,23 @@
-"""A request waiting for the database stalls no other request of its worker."""
+"""Requests waiting for the database stall no other request; their writes commit together."""
 
 from __future__ import annotations
 
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from tests.conftest import running_server
+from tests.contract.conftest import billing_records
 
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
 WAITING_REQUESTS = 3
+METRICS_TOKEN = "metrics-token-for-the-write-lock-tests"
 
 
 def test_requests_waiting_for_sqlites_write_lock_leave_their_worker_serving(
@@ -50,3 +54,51 @@ def test_requests_waiting_for_sqlites_write_lock_leave_their_worker_serving(
     assert models.status_code == 200
     assert all(waiting), "the completions could not have been held while the lock was taken"
     assert [answer.status_code for answer in answers] == [200] * WAITING_REQUESTS
+
+
+def test_requests_that_waited_for_the_lock_commit_their_holds_together(
+    app, database_url, tmp_path, make_funded_key
+):
+    if not database_url.startswith("sqlite"):
+        pytest.skip("only SQLite's writers queue for one lock")
+    funded = make_funded_key(Decimal("5"))
+    headers = {"Authorization": f"Bearer {funded.key}"}
+    with running_server(database_url, tmp_path, METRICS_TOKEN=METRICS_TOKEN) as server:
+        writer = sqlite3.connect(make_url(database_url).database, isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")
+        with ThreadPoolExecutor(WAITING_REQUESTS) as pool:
+            completions = [
+                pool.submit(
+                    requests.post,
+                    f"{server.url}/v1/chat/completions",
+                    json=HELLO,
+                    headers=headers,
+                    timeout=60,
+                )
+                for _ in range(WAITING_REQUESTS)
+            ]
+            time.sleep(1)  # time for every hold to queue behind the lock
+            writer.execute("ROLLBACK")
+            answers = [completion.result() for completion in completions]
+        metrics = requests.get(
+            f"{server.url}/metrics",
+            headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
+            timeout=30,
+        )
+
+    assert [answer.status_code for answer in answers] == [200] * WAITING_REQUESTS
+    shared = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics.text)
+        for sample in family.samples
+        if sample.name.startswith("gateway_sqlite_shared_commit_writes")
+    }
+    # The holds queued while the lock was taken: one commit carried them all.
+    assert shared["gateway_sqlite_shared_commit_writes_count"] >= 1
+    assert shared["gateway_sqlite_shared_commit_writes_sum"] >= WAITING_REQUESTS
+    # Each was charged once, as if it had committed alone.
+    account, generations, charges, holds = billing_records(app, funded.account_id)
+    assert len(generations) == len(charges) == len(holds) == WAITING_REQUESTS
+    assert {hold.status for hold in holds} == {"settled"}
+    assert account.reserved == 0
+    assert account.balance == Decimal("5") - sum(generation.cost for generation in generations)
