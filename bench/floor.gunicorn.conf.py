@@ -17,6 +17,7 @@ SETTINGS = (
     "workers",
     "worker_class",
     "worker_connections",
+    "reuse_port",
     "timeout",
     "graceful_timeout",
     "keepalive",

@@ -85,9 +85,9 @@ class Figures:
     p99_ms: float
     ttfb_ms: float
     rps: float
-    # The busiest worker's share of the workers' CPU: keep-alive connections opened in
-    # a burst may all land on one worker (gunicorn's workers accept from one socket),
-    # and a worker serving all of them serves about half of what two would.
+    # The busiest worker's share of the workers' CPU: near half when the kernel spreads
+    # a burst of keep-alive connections over the workers' sockets; a worker serving all
+    # of them serves about half of what two would.
     busiest_worker: float
     errors: int
 

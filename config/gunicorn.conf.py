@@ -40,6 +40,11 @@ bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_class = "gevent"
 worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))
+# Each worker listens on a socket of its own (SO_REUSEPORT), among which the kernel
+# spreads new connections. On one shared socket, whichever worker wakes first accepts:
+# a burst of keep-alive connections (a proxy's, a client's pool) could all land on one
+# worker, which then served them alone while the other idled.
+reuse_port = True
 # gevent workers heartbeat from their own loop; this only catches a truly stuck worker.
 timeout = 60
 # On SIGTERM workers stop accepting and let streams in flight finish for this long.
