@@ -195,10 +195,12 @@ def wait_until_listening(port: int, process: subprocess.Popen, timeout: float = 
 
 
 @contextmanager
-def running(command: list[str], env: dict[str, str], port: int, log: Path) -> Iterator:
-    """Run ``command`` until the block ends; yield the process once it listens on ``port``."""
+def running(
+    command: list[str], env: dict[str, str], port: int, log: Path, *, root: Path = ROOT
+) -> Iterator:
+    """Run ``command`` in ``root`` until the block ends; yield the process once it listens."""
     with open(log, "ab") as output:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
+        process = subprocess.Popen(command, cwd=root, env=env, stdout=output, stderr=output)
     try:
         wait_until_listening(port, process)
         yield process
@@ -217,11 +219,11 @@ def gunicorn(config: str, app: str) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "-c", config, app]
 
 
-def base_env(port: int, workers: int, connections: int) -> dict[str, str]:
-    """Return the environment every server shares."""
+def base_env(port: int, workers: int, connections: int, *, root: Path = ROOT) -> dict[str, str]:
+    """Return the environment every server shares (serving the code in ``root``)."""
     return {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(root),
         "PORT": str(port),
         "WEB_CONCURRENCY": str(workers),
         "WORKER_CONNECTIONS": str(connections),
@@ -241,8 +243,8 @@ def gateway_env(database_url: str, catalog: Path) -> dict[str, str]:
     }
 
 
-def funded_key(env: dict[str, str]) -> str:
-    """Migrate the gateway's database; create a funded account; return a new key."""
+def funded_key(env: dict[str, str], *, root: Path = ROOT) -> str:
+    """Migrate the gateway's database (``root``'s code); create a funded account; return a key."""
     flask = [sys.executable, "-m", "flask"]
     email = f"bench-{time.time_ns()}@example.com"
     commands = [
@@ -251,7 +253,7 @@ def funded_key(env: dict[str, str]) -> str:
         ["keys", "create", email, "--name", "bench"],
     ]
     for command in commands:
-        done = subprocess.run([*flask, *command], cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run([*flask, *command], cwd=root, env=env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"flask {' '.join(command[:2])}: {done.stderr.strip()}")
     return done.stdout.strip().splitlines()[-1]

@@ -1,0 +1,154 @@
+"""Two versions of the gateway side by side in one run: what a change moved, beyond the noise.
+
+bench/run.py's figures vary by 20% or more from one run to the next on this machine,
+more than most changes move them. Here the floor, the gateway at ``--base`` (a commit,
+checked out in a temporary git worktree) and the gateway of the working tree serve the
+same fake upstream at the same time, each on a SQLite database of its own, and
+interleaved rounds of the chosen scenarios measure each in turn. For each scenario it
+prints each target's CPU per request and req/s as ratios to the floor's in the same
+round: the median, then every round's value, and the busiest worker's share per round
+(a round whose connections all landed on one worker stands out).
+
+    .venv/bin/python bench/compare.py --base COMMIT [--scenario NAME ...] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import (  # noqa: E402
+    Figures,
+    Scenario,
+    Target,
+    base_env,
+    bench_catalog,
+    free_port,
+    funded_key,
+    gateway_env,
+    gunicorn,
+    measure,
+    raise_open_files_limit,
+    running,
+    scenarios,
+    upstream_command,
+    warm_up,
+)
+
+WORKERS, CONNECTIONS = 2, 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the floor and both gateways; measure the rounds; print the table."""
+    args = parse_args(argv)
+    plan = chosen_scenarios(args)
+    raise_open_files_limit()
+    with tempfile.TemporaryDirectory(prefix="compare-") as folder, ExitStack() as stack:
+        scratch = Path(folder)
+        base = stack.enter_context(worktree(args.base, scratch / "base"))
+        port = free_port()
+        upstream = stack.enter_context(
+            running(upstream_command(port), dict(os.environ), port, scratch / "upstream.log")
+        )
+        targets = start(stack, scratch, port, {f"base {args.base}": base, "working tree": ROOT})
+        warm_up(targets, plan, upstream.pid)
+        rounds: dict[tuple[str, str], list[Figures]] = {}
+        for _ in range(args.rounds):
+            for scenario in plan:
+                for target in targets:
+                    figures = measure(target, scenario, args.requests, upstream.pid)
+                    rounds.setdefault((scenario.name, target.name), []).append(figures)
+    print("\n".join(table(rounds, plan, [target.name for target in targets])))
+    failed = sum(figures.errors for values in rounds.values() for figures in values)
+    return 1 if failed else 0
+
+
+@contextmanager
+def worktree(commit: str, path: Path) -> Iterator[Path]:
+    """Check ``commit`` out at ``path`` for the block's length."""
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", str(path), commit], check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run([*git, "remove", "--force", str(path)], capture_output=True)
+
+
+def start(stack: ExitStack, scratch: Path, upstream_port: int, gateways: dict[str, Path]) -> list:
+    """Start the floor and each gateway (name: its checkout); return them once they listen."""
+    port = free_port()
+    env = base_env(port, WORKERS, CONNECTIONS)
+    env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
+    floor_command = gunicorn("bench/floor.gunicorn.conf.py", "bench.floor_app:app")
+    floor = stack.enter_context(running(floor_command, env, port, scratch / "floor.log"))
+    targets = [Target("floor", port, floor, None)]
+    catalog = bench_catalog(scratch, upstream_port)
+    for index, (name, root) in enumerate(gateways.items()):
+        port = free_port()
+        database = f"sqlite:///{scratch}/gateway-{index}.sqlite3"
+        env = {**base_env(port, WORKERS, CONNECTIONS, root=root), **gateway_env(database, catalog)}
+        key = funded_key(env, root=root)
+        command = gunicorn("config/gunicorn.conf.py", "wsgi:app")
+        log = scratch / f"gateway-{index}.log"
+        process = stack.enter_context(running(command, env, port, log, root=root))
+        targets.append(Target(name, port, process, key))
+    return targets
+
+
+def table(rounds: dict[tuple[str, str], list[Figures]], plan: list[Scenario], names) -> list[str]:
+    """Render each target's ratios to the floor of the same round: median, then each round."""
+    lines = [
+        "| scenario | target | CPU x floor | rounds | req/s % of floor | rounds "
+        "| busiest worker per round | errors |",
+        "|---|---|---:|---|---:|---|---|---:|",
+    ]
+    for scenario in plan:
+        floor = rounds[scenario.name, "floor"]
+        for name in names:
+            own = rounds[scenario.name, name]
+            cpu = [mine.cpu_us / theirs.cpu_us for mine, theirs in zip(own, floor, strict=True)]
+            rps = [100 * mine.rps / theirs.rps for mine, theirs in zip(own, floor, strict=True)]
+            lines.append(
+                f"| {scenario.name} | {name} | {statistics.median(cpu):.2f} | "
+                f"{' '.join(f'{value:.2f}' for value in cpu)} | {statistics.median(rps):.0f}% | "
+                f"{' '.join(f'{value:.0f}' for value in rps)} | "
+                f"{' '.join(f'{100 * figures.busiest_worker:.0f}%' for figures in own)} | "
+                f"{sum(figures.errors for figures in own)} |"
+            )
+    return lines
+
+
+def chosen_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """Return bench/run.py's scenarios named by ``--scenario`` (all if none), in its order."""
+    plan = scenarios(args.concurrency)
+    if not args.scenario:
+        return plan
+    unknown = set(args.scenario) - {scenario.name for scenario in plan}
+    if unknown:
+        sys.exit(f"unknown scenarios {sorted(unknown)}; known: {[s.name for s in plan]}")
+    return [scenario for scenario in plan if scenario.name in args.scenario]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the commit to compare against")
+    parser.add_argument("--scenario", action="append", help="a scenario of bench/run.py")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=600, help="per scenario and round")
+    parser.add_argument("--concurrency", type=int, default=64, help="the busy scenarios'")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
