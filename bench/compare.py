@@ -29,18 +29,16 @@ sys.path.insert(0, str(ROOT))
 
 from bench.run import (  # noqa: E402
     Figures,
+    Gateway,
     Scenario,
-    Target,
-    base_env,
     bench_catalog,
     free_port,
-    funded_key,
-    gateway_env,
-    gunicorn,
     measure,
     raise_open_files_limit,
     running,
     scenarios,
+    start_floor,
+    start_gateway,
     upstream_command,
     warm_up,
 )
@@ -86,26 +84,18 @@ def worktree(commit: str, path: Path) -> Iterator[Path]:
 
 def start(stack: ExitStack, scratch: Path, upstream_port: int, gateways: dict[str, Path]) -> list:
     """Start the floor and each gateway (name: its checkout); return them once they listen."""
-    port = free_port()
-    env = base_env(port, WORKERS, CONNECTIONS)
-    env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-    floor_command = gunicorn("bench/floor.gunicorn.conf.py", "bench.floor_app:app")
-    floor = stack.enter_context(running(floor_command, env, port, scratch / "floor.log"))
-    targets = [Target("floor", port, floor, None)]
+    targets = [start_floor(stack, scratch, upstream_port, WORKERS, CONNECTIONS)]
     catalog = bench_catalog(scratch, upstream_port)
     for index, (name, root) in enumerate(gateways.items()):
-        port = free_port()
         database = f"sqlite:///{scratch}/gateway-{index}.sqlite3"
-        env = {**base_env(port, WORKERS, CONNECTIONS, root=root), **gateway_env(database, catalog)}
-        key = funded_key(env, root=root)
-        command = gunicorn("config/gunicorn.conf.py", "wsgi:app")
-        log = scratch / f"gateway-{index}.log"
-        process = stack.enter_context(running(command, env, port, log, root=root))
-        targets.append(Target(name, port, process, key))
+        gateway = Gateway(name, database, catalog, WORKERS, CONNECTIONS, root)
+        targets.append(start_gateway(stack, scratch, gateway))
     return targets
 
 
-def table(rounds: dict[tuple[str, str], list[Figures]], plan: list[Scenario], names) -> list[str]:
+def table(
+    rounds: dict[tuple[str, str], list[Figures]], plan: list[Scenario], names: list[str]
+) -> list[str]:
     """Render each target's ratios to the floor of the same round: median, then each round."""
     lines = [
         "| scenario | target | CPU x floor | rounds | req/s % of floor | rounds "

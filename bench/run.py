@@ -272,21 +272,50 @@ def start_targets(
     *, workers: int = 2, connections: int = 1000, databases: dict[str, str],
 ) -> list[Target]:  # fmt: skip
     """Start the floor and a gateway per database; return them once they listen."""
+    targets = [start_floor(stack, scratch, upstream_port, workers, connections)]
+    catalog = bench_catalog(scratch, upstream_port)
+    for name, url in databases.items():
+        gateway = Gateway(name, url, catalog, workers, connections)
+        targets.append(start_gateway(stack, scratch, gateway))
+    return targets
+
+
+def start_floor(
+    stack: ExitStack, scratch: Path, upstream_port: int, workers: int, connections: int
+) -> Target:
+    """Start the floor in front of the upstream; return it once it listens."""
     port = free_port()
     env = base_env(port, workers, connections)
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-    floor_command = gunicorn("bench/floor.gunicorn.conf.py", "bench.floor_app:app")
-    process = stack.enter_context(running(floor_command, env, port, scratch / "floor.log"))
-    targets = [Target("floor", port, process, None)]
-    catalog = bench_catalog(scratch, upstream_port)
-    for name, url in databases.items():
-        port = free_port()
-        env = {**base_env(port, workers, connections), **gateway_env(url, catalog)}
-        key = funded_key(env)
-        command = gunicorn("config/gunicorn.conf.py", "wsgi:app")
-        process = stack.enter_context(running(command, env, port, scratch / f"{name}.log"))
-        targets.append(Target(name, port, process, key))
-    return targets
+    command = gunicorn("bench/floor.gunicorn.conf.py", "bench.floor_app:app")
+    process = stack.enter_context(running(command, env, port, scratch / "floor.log"))
+    return Target("floor", port, process, None)
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """A gateway to serve: its name in the tables, database, catalog, and checkout."""
+
+    name: str
+    database_url: str
+    catalog: Path
+    workers: int = 2
+    connections: int = 1000
+    root: Path = ROOT
+
+
+def start_gateway(stack: ExitStack, scratch: Path, gateway: Gateway) -> Target:
+    """Migrate and fund the gateway's database, serve it; return it once it listens."""
+    port = free_port()
+    env = {
+        **base_env(port, gateway.workers, gateway.connections, root=gateway.root),
+        **gateway_env(gateway.database_url, gateway.catalog),
+    }
+    key = funded_key(env, root=gateway.root)
+    command = gunicorn("config/gunicorn.conf.py", "wsgi:app")
+    log = scratch / f"{gateway.name.replace(' ', '-')}.log"
+    process = stack.enter_context(running(command, env, port, log, root=gateway.root))
+    return Target(gateway.name, port, process, key)
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from decimal import Decimal
 
 import pytest
@@ -20,6 +22,33 @@ WAITING_REQUESTS = 3
 METRICS_TOKEN = "metrics-token-for-the-write-lock-tests"
 
 
+@contextmanager
+def completions_behind_the_lock(
+    database_url: str, url: str, headers: list[dict[str, str]]
+) -> Iterator[tuple[list[Future], Callable[[], None]]]:
+    """Send a completion per ``headers`` while another process holds SQLite's write lock.
+
+    Yields their futures, once they have had time to queue for the lock, and the function
+    that releases it.
+    """
+    # Another process (another worker, the operator's CLI) is writing.
+    writer = sqlite3.connect(make_url(database_url).database, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    with ThreadPoolExecutor(len(headers)) as pool:
+        completions = [
+            pool.submit(
+                requests.post, f"{url}/v1/chat/completions", json=HELLO, headers=each, timeout=60
+            )
+            for each in headers
+        ]
+        time.sleep(1)  # time for them to reach their writes, and wait for the lock
+        try:
+            yield completions, lambda: writer.execute("ROLLBACK")
+        finally:
+            if writer.in_transaction:
+                writer.execute("ROLLBACK")
+
+
 def test_requests_waiting_for_sqlites_write_lock_leave_their_worker_serving(
     database_url, tmp_path, make_funded_key
 ):
@@ -27,29 +56,17 @@ def test_requests_waiting_for_sqlites_write_lock_leave_their_worker_serving(
         pytest.skip("PostgreSQL locks rows, and its waits yield to the worker already")
     funded = make_funded_key()
     headers = {"Authorization": f"Bearer {funded.key}"}
-    with running_server(database_url, tmp_path) as server:
-        # Another process (another worker, the operator's CLI) is writing.
-        writer = sqlite3.connect(make_url(database_url).database, isolation_level=None)
-        writer.execute("BEGIN IMMEDIATE")
-        with ThreadPoolExecutor(WAITING_REQUESTS) as pool:
-            # One claims an Idempotency-Key first, a write of its own; the others hold.
-            completions = [
-                pool.submit(
-                    requests.post,
-                    f"{server.url}/v1/chat/completions",
-                    json=HELLO,
-                    headers={**headers, "Idempotency-Key": "waits-0"} if index == 0 else headers,
-                    timeout=60,
-                )
-                for index in range(WAITING_REQUESTS)
-            ]
-            time.sleep(1)  # time for them to reach their hold, and wait for the lock
-
-            # SQLite's own wait would sleep the whole worker until the writer is done.
-            models = requests.get(f"{server.url}/v1/models", headers=headers, timeout=5)
-            waiting = [not completion.done() for completion in completions]
-            writer.execute("ROLLBACK")
-            answers = [completion.result() for completion in completions]
+    # One claims an Idempotency-Key first, a write of its own; the others hold.
+    each = [{**headers, "Idempotency-Key": "waits-0"}] + [headers] * (WAITING_REQUESTS - 1)
+    with (
+        running_server(database_url, tmp_path) as server,
+        completions_behind_the_lock(database_url, server.url, each) as (completions, release),
+    ):
+        # SQLite's own wait would sleep the whole worker until the writer is done.
+        models = requests.get(f"{server.url}/v1/models", headers=headers, timeout=5)
+        waiting = [not completion.done() for completion in completions]
+        release()
+        answers = [completion.result() for completion in completions]
 
     assert models.status_code == 200
     assert all(waiting), "the completions could not have been held while the lock was taken"
@@ -62,23 +79,10 @@ def test_requests_that_waited_for_the_lock_commit_their_holds_together(
     if not database_url.startswith("sqlite"):
         pytest.skip("only SQLite's writers queue for one lock")
     funded = make_funded_key(Decimal("5"))
-    headers = {"Authorization": f"Bearer {funded.key}"}
+    each = [{"Authorization": f"Bearer {funded.key}"}] * WAITING_REQUESTS
     with running_server(database_url, tmp_path, METRICS_TOKEN=METRICS_TOKEN) as server:
-        writer = sqlite3.connect(make_url(database_url).database, isolation_level=None)
-        writer.execute("BEGIN IMMEDIATE")
-        with ThreadPoolExecutor(WAITING_REQUESTS) as pool:
-            completions = [
-                pool.submit(
-                    requests.post,
-                    f"{server.url}/v1/chat/completions",
-                    json=HELLO,
-                    headers=headers,
-                    timeout=60,
-                )
-                for _ in range(WAITING_REQUESTS)
-            ]
-            time.sleep(1)  # time for every hold to queue behind the lock
-            writer.execute("ROLLBACK")
+        with completions_behind_the_lock(database_url, server.url, each) as (completions, release):
+            release()
             answers = [completion.result() for completion in completions]
         metrics = requests.get(
             f"{server.url}/metrics",
