@@ -17,7 +17,8 @@ other's rows.
 On PostgreSQL a hold, and the settlement of a hold that covers its cost, are each one
 statement that applies all of its changes or none, run alone (autocommit): one round
 trip, and the rows it locks are free when it ends. SQLite, and every other case, take
-the same steps one statement at a time in one transaction.
+the same steps one statement at a time in one transaction (on SQLite it may commit with
+the worker's other queued writes, each in a savepoint of its own: SQLiteWriter).
 """
 
 from __future__ import annotations
@@ -453,6 +454,14 @@ def _try_place_hold(
     return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
 
 
+class _HoldRefused(Exception):
+    """Raised by a hold's step that did not apply, so that its transaction is rolled back."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
 def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
     """Reserve on the account, then on the key, then record the hold; None if all applied.
 
@@ -463,14 +472,6 @@ def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
     except _HoldRefused as refused:
         return refused.outcome
     return None
-
-
-class _HoldRefused(Exception):
-    """Raised by a hold's step that did not apply, so that its transaction is rolled back."""
-
-    def __init__(self, outcome: str) -> None:
-        super().__init__(outcome)
-        self.outcome = outcome
 
 
 def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> None:
