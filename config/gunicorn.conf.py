@@ -93,6 +93,11 @@ def on_starting(server):  # noqa: ANN001, ANN201
         sys.exit(f"configuration error: {error}")
 
 
+def when_ready(server):  # noqa: ANN001, ANN201
+    """Say where the workers listen: with reuse_port the master binds no socket to log."""
+    server.log.info("Workers listen at %s, each on a socket of its own", ", ".join(server.cfg.bind))
+
+
 def post_fork(server, worker):  # noqa: ANN001, ANN201
     """Make psycopg2 cooperative, so a slow query yields to other greenlets."""
     from psycopg2.extensions import set_wait_callback
