@@ -106,16 +106,39 @@ def table(
         floor = rounds[scenario.name, "floor"]
         for name in names:
             own = rounds[scenario.name, name]
-            cpu = [mine.cpu_us / theirs.cpu_us for mine, theirs in zip(own, floor, strict=True)]
-            rps = [100 * mine.rps / theirs.rps for mine, theirs in zip(own, floor, strict=True)]
+            cpu = ratios(own, floor, "cpu_us")
+            rps = [None if share is None else 100 * share for share in ratios(own, floor, "rps")]
             lines.append(
-                f"| {scenario.name} | {name} | {statistics.median(cpu):.2f} | "
-                f"{' '.join(f'{value:.2f}' for value in cpu)} | {statistics.median(rps):.0f}% | "
-                f"{' '.join(f'{value:.0f}' for value in rps)} | "
+                f"| {scenario.name} | {name} | {shown(median(cpu), '{:.2f}')} | "
+                f"{' '.join(shown(value, '{:.2f}') for value in cpu)} | "
+                f"{shown(median(rps), '{:.0f}%')} | "
+                f"{' '.join(shown(value, '{:.0f}') for value in rps)} | "
                 f"{' '.join(f'{100 * figures.busiest_worker:.0f}%' for figures in own)} | "
                 f"{sum(figures.errors for figures in own)} |"
             )
     return lines
+
+
+def ratios(own: list[Figures], floor: list[Figures], figure: str) -> list[float | None]:
+    """Return ``figure``'s ratio to the floor's, round by round (None: the floor measured 0).
+
+    CPU is read in ticks of 10 ms: a round of a few requests may measure none.
+    """
+    return [
+        getattr(mine, figure) / getattr(theirs, figure) if getattr(theirs, figure) else None
+        for mine, theirs in zip(own, floor, strict=True)
+    ]
+
+
+def median(values: list[float | None]) -> float | None:
+    """Return the median of the values measured, None if there are none."""
+    measured = [value for value in values if value is not None]
+    return statistics.median(measured) if measured else None
+
+
+def shown(value: float | None, form: str) -> str:
+    """Format ``value``, or a dash for one that could not be measured."""
+    return "-" if value is None else form.format(value)
 
 
 def chosen_scenarios(args: argparse.Namespace) -> list[Scenario]:

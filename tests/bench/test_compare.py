@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from bench.compare import table
+from bench.run import Figures, Scenario
 from tests.bench.test_run import ROOT, table_rows
 
 
@@ -33,5 +35,25 @@ def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds():
     for row in rows:
         assert len(row[3].split()) == len(row[5].split()) == len(row[6].split()) == 2, row
         assert row[-1] == "0", row
-    assert rows[0][2] == "1.00" and rows[0][4] == "100%"
+    # CPU is read in ticks of 10 ms: a round of six requests may measure none ("-").
+    assert rows[0][2] in ("1.00", "-") and rows[0][4] == "100%"
     assert worktrees() == before, "the base's worktree was left behind"
+
+
+def figures(cpu_us: float, rps: float) -> Figures:
+    return Figures(
+        cpu_us=cpu_us, upstream_cpu_us=0, database_cpu_us=0, p50_ms=1, p90_ms=1, p99_ms=1,
+        ttfb_ms=1, rps=rps, busiest_worker=0.5, errors=0,
+    )  # fmt: skip
+
+
+def test_a_round_whose_floor_measured_no_cpu_shows_a_dash_and_is_left_out_of_the_median():
+    scenario = Scenario("whole c=1", "bench-fast", False, 1)
+    rounds = {
+        ("whole c=1", "floor"): [figures(0, 100), figures(500, 100), figures(500, 50)],
+        ("whole c=1", "new"): [figures(900, 50), figures(1000, 50), figures(1500, 40)],
+    }
+
+    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 8)
+
+    assert rows[1][2:6] == ["2.50", "- 2.00 3.00", "50%", "50 50 80"]
