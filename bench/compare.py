@@ -3,13 +3,16 @@
 bench/run.py's figures vary by 20% or more from one run to the next on this machine,
 more than most changes move them. Here the floor, the gateway at ``--base`` (a commit,
 checked out in a temporary git worktree) and the gateway of the working tree serve the
-same fake upstream at the same time, each on a SQLite database of its own, and
-interleaved rounds of the chosen scenarios measure each in turn. For each scenario it
-prints each target's CPU per request and req/s as ratios to the floor's in the same
-round: the median, then every round's value, and the busiest worker's share per round
-(a round whose connections all landed on one worker stands out).
+same fake upstream at the same time, each on a database of its own (SQLite, or with
+``--database-url`` a PostgreSQL database created for it on that server and dropped
+afterwards), and interleaved rounds of the chosen scenarios measure each in turn. For
+each scenario it prints each target's CPU per request and req/s as ratios to the
+floor's in the same round: the median, then every round's value, and the busiest
+worker's share per round (a round whose connections all landed on one worker stands
+out). On PostgreSQL the database server's own CPU is not in the gateways' figures.
 
     .venv/bin/python bench/compare.py --base COMMIT [--scenario NAME ...] [--rounds 5]
+        [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
 from bench.run import (  # noqa: E402
     Figures,
     Gateway,
     Scenario,
+    Target,
     bench_catalog,
     free_port,
     measure,
@@ -42,6 +49,7 @@ from bench.run import (  # noqa: E402
     upstream_command,
     warm_up,
 )
+from config.settings import normalize_database_url  # noqa: E402
 
 WORKERS, CONNECTIONS = 2, 1000
 
@@ -58,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         upstream = stack.enter_context(
             running(upstream_command(port), dict(os.environ), port, scratch / "upstream.log")
         )
-        targets = start(stack, scratch, port, {f"base {args.base}": base, "working tree": ROOT})
+        gateways = {f"base {args.base}": base, "working tree": ROOT}
+        databases = [
+            stack.enter_context(database(args.database_url, scratch, index))
+            for index in range(len(gateways))
+        ]
+        targets = start(stack, scratch, port, gateways, databases)
         warm_up(targets, plan, upstream.pid)
         rounds: dict[tuple[str, str], list[Figures]] = {}
         for _ in range(args.rounds):
@@ -82,13 +95,37 @@ def worktree(commit: str, path: Path) -> Iterator[Path]:
         subprocess.run([*git, "remove", "--force", str(path)], capture_output=True)
 
 
-def start(stack: ExitStack, scratch: Path, upstream_port: int, gateways: dict[str, Path]) -> list:
-    """Start the floor and each gateway (name: its checkout); return them once they listen."""
+@contextmanager
+def database(server_url: str | None, scratch: Path, index: int) -> Iterator[str]:
+    """Yield the URL of a fresh database for the ``index``-th gateway, gone afterwards."""
+    if server_url is None:
+        yield f"sqlite:///{scratch}/gateway-{index}.sqlite3"
+        return
+    url = make_url(normalize_database_url(server_url))
+    name = f"bench_compare_{os.getpid()}_{index}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def start(
+    stack: ExitStack,
+    scratch: Path,
+    upstream_port: int,
+    gateways: dict[str, Path],
+    databases: list[str],
+) -> list[Target]:
+    """Start the floor and each gateway (name: its checkout, on its database); return them."""
     targets = [start_floor(stack, scratch, upstream_port, WORKERS, CONNECTIONS)]
     catalog = bench_catalog(scratch, upstream_port)
-    for index, (name, root) in enumerate(gateways.items()):
-        database = f"sqlite:///{scratch}/gateway-{index}.sqlite3"
-        gateway = Gateway(name, database, catalog, WORKERS, CONNECTIONS, root)
+    for (name, root), url in zip(gateways.items(), databases, strict=True):
+        gateway = Gateway(name, url, catalog, WORKERS, CONNECTIONS, root)
         targets.append(start_gateway(stack, scratch, gateway))
     return targets
 
@@ -160,6 +197,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=600, help="per scenario and round")
     parser.add_argument("--concurrency", type=int, default=64, help="the busy scenarios'")
+    parser.add_argument(
+        "--database-url", help="a PostgreSQL server (any database): each gateway gets one there"
+    )
     return parser.parse_args(argv)
 
 

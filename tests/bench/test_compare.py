@@ -16,12 +16,15 @@ def worktrees() -> str:
     ).stdout
 
 
-def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds():
+def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds(database_url):
     before = worktrees()
     command = [
         sys.executable, "bench/compare.py", "--base", "HEAD", "--rounds", "2",
         "--requests", "6", "--concurrency", "3", "--scenario", "stream c=3",
     ]  # fmt: skip
+    if database_url.startswith("postgresql"):
+        # Each gateway gets a database of its own on the same server.
+        command += ["--database-url", database_url]
 
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
