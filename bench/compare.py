@@ -40,18 +40,15 @@ from bench.run import (  # noqa: E402
     Target,
     bench_catalog,
     free_port,
-    measure,
+    measure_rounds,
     raise_open_files_limit,
     running,
     scenarios,
     start_floor,
     start_gateway,
     upstream_command,
-    warm_up,
 )
 from config.settings import normalize_database_url  # noqa: E402
-
-WORKERS, CONNECTIONS = 2, 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,13 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             for index in range(len(gateways))
         ]
         targets = start(stack, scratch, port, gateways, databases)
-        warm_up(targets, plan, upstream.pid)
-        rounds: dict[tuple[str, str], list[Figures]] = {}
-        for _ in range(args.rounds):
-            for scenario in plan:
-                for target in targets:
-                    figures = measure(target, scenario, args.requests, upstream.pid)
-                    rounds.setdefault((scenario.name, target.name), []).append(figures)
+        rounds = measure_rounds(targets, plan, args, upstream.pid)
     print("\n".join(table(rounds, plan, [target.name for target in targets])))
     failed = sum(figures.errors for values in rounds.values() for figures in values)
     return 1 if failed else 0
@@ -122,10 +113,10 @@ def start(
     databases: list[str],
 ) -> list[Target]:
     """Start the floor and each gateway (name: its checkout, on its database); return them."""
-    targets = [start_floor(stack, scratch, upstream_port, WORKERS, CONNECTIONS)]
+    targets = [start_floor(stack, scratch, upstream_port)]
     catalog = bench_catalog(scratch, upstream_port)
     for (name, root), url in zip(gateways.items(), databases, strict=True):
-        gateway = Gateway(name, url, catalog, WORKERS, CONNECTIONS, root)
+        gateway = Gateway(name, url, catalog, root=root)
         targets.append(start_gateway(stack, scratch, gateway))
     return targets
 

@@ -42,6 +42,8 @@ from bench.load import close_streams, open_streams, send_requests  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+# Each server: gunicorn worker processes, and gevent connections per worker.
+WORKERS, CONNECTIONS = 2, 1000
 PROMPT = [{"role": "user", "content": "Say hello in twenty words, one at a time."}]
 
 
@@ -269,7 +271,7 @@ def bench_catalog(scratch: Path, upstream_port: int) -> Path:
 
 def start_targets(
     stack: ExitStack, args: argparse.Namespace, scratch: Path, upstream_port: int,
-    *, workers: int = 2, connections: int = 1000, databases: dict[str, str],
+    *, workers: int = WORKERS, connections: int = CONNECTIONS, databases: dict[str, str],
 ) -> list[Target]:  # fmt: skip
     """Start the floor and a gateway per database; return them once they listen."""
     targets = [start_floor(stack, scratch, upstream_port, workers, connections)]
@@ -281,7 +283,11 @@ def start_targets(
 
 
 def start_floor(
-    stack: ExitStack, scratch: Path, upstream_port: int, workers: int, connections: int
+    stack: ExitStack,
+    scratch: Path,
+    upstream_port: int,
+    workers: int = WORKERS,
+    connections: int = CONNECTIONS,
 ) -> Target:
     """Start the floor in front of the upstream; return it once it listens."""
     port = free_port()
@@ -299,8 +305,8 @@ class Gateway:
     name: str
     database_url: str
     catalog: Path
-    workers: int = 2
-    connections: int = 1000
+    workers: int = WORKERS
+    connections: int = CONNECTIONS
     root: Path = ROOT
 
 
@@ -364,6 +370,23 @@ def warm_up(targets: list[Target], plan: list[Scenario], upstream_pid: int) -> N
             measure(target, scenario, min(scenario.concurrency * 2, 64), upstream_pid)
 
 
+def measure_rounds(
+    targets: list[Target], plan: list[Scenario], args: argparse.Namespace, upstream_pid: int
+) -> dict[tuple[str, str], list[Figures]]:
+    """Warm the targets up; measure ``args.rounds`` interleaved rounds of each scenario.
+
+    Return each (scenario, target)'s figures, a round each.
+    """
+    warm_up(targets, plan, upstream_pid)
+    rounds: dict[tuple[str, str], list[Figures]] = {}
+    for _ in range(args.rounds):
+        for scenario in plan:
+            for target in targets:
+                figures = measure(target, scenario, args.requests, upstream_pid)
+                rounds.setdefault((scenario.name, target.name), []).append(figures)
+    return rounds
+
+
 def median_figures(rounds: list[Figures]) -> Figures:
     """Return the median of each figure over the rounds (errors: their sum)."""
     medians = {
@@ -412,13 +435,7 @@ def run_throughput(
     plan = scenarios(args.concurrency)
     with ExitStack() as stack:
         targets = start_targets(stack, args, scratch, upstream.port, databases=databases)
-        warm_up(targets, plan, upstream.process.pid)
-        rounds: dict[tuple[str, str], list[Figures]] = {}
-        for _ in range(args.rounds):
-            for scenario in plan:
-                for target in targets:
-                    figures = measure(target, scenario, args.requests, upstream.process.pid)
-                    rounds.setdefault((scenario.name, target.name), []).append(figures)
+        rounds = measure_rounds(targets, plan, args, upstream.process.pid)
     results = {key: median_figures(values) for key, values in rounds.items()}
     errors = sum(figures.errors for figures in results.values())
     return throughput_rows(results, plan, targets), errors
