@@ -11,15 +11,14 @@ from decimal import Decimal
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from tests.conftest import running_server
 from tests.contract.conftest import billing_records
+from tests.contract.test_metrics import TOKEN, samples, value
 
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
 WAITING_REQUESTS = 3
-METRICS_TOKEN = "metrics-token-for-the-write-lock-tests"
 
 
 @contextmanager
@@ -80,26 +79,16 @@ def test_requests_that_waited_for_the_lock_commit_their_holds_together(
         pytest.skip("only SQLite's writers queue for one lock")
     funded = make_funded_key(Decimal("5"))
     each = [{"Authorization": f"Bearer {funded.key}"}] * WAITING_REQUESTS
-    with running_server(database_url, tmp_path, METRICS_TOKEN=METRICS_TOKEN) as server:
+    with running_server(database_url, tmp_path, METRICS_TOKEN=TOKEN) as server:
         with completions_behind_the_lock(database_url, server.url, each) as (completions, release):
             release()
             answers = [completion.result() for completion in completions]
-        metrics = requests.get(
-            f"{server.url}/metrics",
-            headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
-            timeout=30,
-        )
+        found = samples(server)
 
     assert [answer.status_code for answer in answers] == [200] * WAITING_REQUESTS
-    shared = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(metrics.text)
-        for sample in family.samples
-        if sample.name.startswith("gateway_sqlite_shared_commit_writes")
-    }
     # The holds queued while the lock was taken: one commit carried them all.
-    assert shared["gateway_sqlite_shared_commit_writes_count"] >= 1
-    assert shared["gateway_sqlite_shared_commit_writes_sum"] >= WAITING_REQUESTS
+    assert value(found, "gateway_sqlite_shared_commit_writes_count") >= 1
+    assert value(found, "gateway_sqlite_shared_commit_writes_sum") >= WAITING_REQUESTS
     # Each was charged once, as if it had committed alone.
     account, generations, charges, holds = billing_records(app, funded.account_id)
     assert len(generations) == len(charges) == len(holds) == WAITING_REQUESTS
