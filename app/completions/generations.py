@@ -76,6 +76,7 @@ def start_generation(
 
     :raise UnsupportedContent, ContextLengthExceeded, OutputLimitExceeded: 400.
     :raise InsufficientCredits: the available balance cannot cover the worst case.
+    :raise KeyRevoked, InvalidKey: the key changed since its caller was found (place_hold).
     """
     request = fit_request_to_model(request, model)
     route = model.routes[0]
@@ -134,6 +135,7 @@ def _hold_worst_case(
         # Every hold reserves on its key, limited or not, so that the key's month is exact
         # whenever a limit is put on it.
         key_id=caller.key_id,
+        key_digest=caller.key_digest,
     )
 
 

@@ -40,6 +40,7 @@ from sqlalchemy import (
     Select,
     String,
     Update,
+    and_,
     bindparam,
     case,
     exists,
@@ -55,8 +56,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
 
-from app.auth.errors import InvalidKey
-from app.auth.models import ApiKey
+from app.auth.errors import InvalidKey, KeyRevoked
+from app.auth.models import ACTIVE, REVOKED, ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import (
@@ -98,6 +99,13 @@ _KEY_WITHIN_LIMIT = or_(
     _keys.c.monthly_limit.is_(None),
     _month_spent + _keys.c.month_reserved + _amount <= _keys.c.monthly_limit,
 )
+# The key is still as its caller presented it: active, under the same value. A caller
+# its process remembers (app.auth.caller_cache) may outlive its key's revocation,
+# rotation or deletion for the time the change takes to be heard; nothing is held on it.
+_key_digest = bindparam("key_digest", type_=String())
+_KEY_AS_PRESENTED = and_(
+    _keys.c.state == ACTIVE, or_(_key_digest.is_(None), _keys.c.digest == _key_digest)
+)
 _RESERVE_ON_KEY = {
     _keys.c.month_spent: _month_spent,
     _keys.c.spend_month: _month,
@@ -113,8 +121,11 @@ def _reserve_statement(covers: ColumnElement[bool]) -> Update:
 
 @functools.lru_cache(maxsize=4)
 def _reserve_on_key_statement(within_limit: ColumnElement[bool]) -> Update:
-    """Return the conditional UPDATE reserving the amount on the key, within its limit."""
-    return update(_keys).where(_KEY_ROW, within_limit).values(_RESERVE_ON_KEY)
+    """Return the conditional UPDATE reserving the amount on the key, within its limit.
+
+    It applies only to the key as its caller presented it (_KEY_AS_PRESENTED).
+    """
+    return update(_keys).where(_KEY_ROW, _KEY_AS_PRESENTED, within_limit).values(_RESERVE_ON_KEY)
 
 
 _DEBIT = (
@@ -201,7 +212,7 @@ def _hold_in_one_statement(
     if within_limit is not None:
         within = (
             select(_keys.c.id)
-            .where(_KEY_ROW, within_limit, exists(select(covering.c.id)))
+            .where(_KEY_ROW, _KEY_AS_PRESENTED, within_limit, exists(select(covering.c.id)))
             .with_for_update()
         ).cte("key_within_limit")
         checks.append(within)
@@ -410,32 +421,43 @@ def _same_grant_or_raise(entry: LedgerEntry, amount: Decimal) -> LedgerEntry:
     return entry
 
 
-_BALANCE_SHORT, _KEY_LIMIT_REACHED = "balance", "key limit"
+_BALANCE_SHORT, _KEY_REFUSED = "balance", "key"
 
 
 def place_hold(
-    *, account_id: int, amount: Decimal, ttl_seconds: int, key_id: int | None = None
+    *,
+    account_id: int,
+    amount: Decimal,
+    ttl_seconds: int,
+    key_id: int | None = None,
+    key_digest: str | None = None,
 ) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
     """Set ``amount`` aside for a request, or return why it cannot be covered.
 
     With ``key_id`` the amount is also reserved on the key's row, in the same
-    transaction, within the key's monthly limit if it has one. Holds left behind by dead
-    workers are released first when they stand in the way.
+    transaction, within the key's monthly limit if it has one, and only while the key is
+    active (and still has ``key_digest``, the digest its caller presented, if given).
+    Holds left behind by dead workers are released first when they stand in the way.
+
+    :raise KeyRevoked: the key was revoked since its caller was found.
+    :raise InvalidKey: the key was deleted or rotated since its caller was found.
     """
-    held = _try_place_hold(account_id, amount, ttl_seconds, key_id)
+    key = (key_id, key_digest)
+    held = _try_place_hold(account_id, amount, ttl_seconds, key)
     if not isinstance(held, HeldCredit) and release_expired_holds(account_id=account_id):
-        held = _try_place_hold(account_id, amount, ttl_seconds, key_id)
+        held = _try_place_hold(account_id, amount, ttl_seconds, key)
     if held == _BALANCE_SHORT:
         return Shortfall(requested=amount, available=available_balance(account_id))
-    if held == _KEY_LIMIT_REACHED:
-        return _monthly_limit_shortfall(key_id, amount)
+    if held == _KEY_REFUSED:
+        return _key_shortfall(key_id, key_digest, amount)
     return held
 
 
 def _try_place_hold(
-    account_id: int, amount: Decimal, ttl_seconds: int, key_id: int | None
+    account_id: int, amount: Decimal, ttl_seconds: int, key: tuple[int | None, str | None]
 ) -> HeldCredit | str:
     now = utcnow()
+    key_id, key_digest = key
     hold = {
         "id": secrets.token_hex(16),
         "account_id": account_id,
@@ -446,9 +468,9 @@ def _try_place_hold(
         "expires_at": now + timedelta(seconds=ttl_seconds),
     }
     if runs_alone():
-        outcome = _place_hold_in_one_statement(hold, spend_month(now))
+        outcome = _place_hold_in_one_statement(hold, spend_month(now), key_digest)
     else:
-        outcome = _place_hold_step_by_step(hold, spend_month(now))
+        outcome = _place_hold_step_by_step(hold, spend_month(now), key_digest)
     if outcome is not None:
         return outcome
     return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
@@ -462,19 +484,21 @@ class _HoldRefused(Exception):
         self.outcome = outcome
 
 
-def _place_hold_step_by_step(hold: dict, month: int) -> str | None:
+def _place_hold_step_by_step(hold: dict, month: int, key_digest: str | None) -> str | None:
     """Reserve on the account, then on the key, then record the hold; None if all applied.
 
     One transaction: committed if every step applied, else rolled back.
     """
     try:
-        write_transaction(lambda connection: _apply_hold_steps(connection, hold, month))
+        write_transaction(lambda connection: _apply_hold_steps(connection, hold, month, key_digest))
     except _HoldRefused as refused:
         return refused.outcome
     return None
 
 
-def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> None:
+def _apply_hold_steps(
+    connection: Connection, hold: dict, month: int, key_digest: str | None
+) -> None:
     reserved = execute_on_driver(
         connection,
         _reserve_statement(_ACCOUNT_COVERS),
@@ -486,31 +510,39 @@ def _apply_hold_steps(connection: Connection, hold: dict, month: int) -> None:
         on_key = execute_on_driver(
             connection,
             _reserve_on_key_statement(_KEY_WITHIN_LIMIT),
-            {"key_id": hold["api_key_id"], "amount": hold["amount"], "month": month},
+            {
+                "key_id": hold["api_key_id"],
+                "key_digest": key_digest,
+                "amount": hold["amount"],
+                "month": month,
+            },
         )
         if on_key != 1:
-            raise _HoldRefused(_KEY_LIMIT_REACHED)
+            raise _HoldRefused(_KEY_REFUSED)
     execute_on_driver(connection, _INSERT_HOLD, hold)
 
 
-def _place_hold_in_one_statement(hold: dict, month: int) -> str | None:
+def _place_hold_in_one_statement(hold: dict, month: int, key_digest: str | None) -> str | None:
     """Do what _place_hold_step_by_step does in one statement, alone (PostgreSQL)."""
-    statement, parameters = hold_statement(hold, month)
+    statement, parameters = hold_statement(hold, month, key_digest)
     matched = execute_alone(statement, parameters, prepared=True)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
     if hold["api_key_id"] is not None and matched[1] != 1:
-        return _KEY_LIMIT_REACHED
+        return _KEY_REFUSED
     return None
 
 
-def hold_statement(hold: dict, month: int) -> tuple[Select, dict[str, Any]]:
+def hold_statement(
+    hold: dict, month: int, key_digest: str | None = None
+) -> tuple[Select, dict[str, Any]]:
     """Return PostgreSQL's statement placing ``hold`` (a holds row's values), and its parameters."""
     parameters = {
         "hold_id": hold["id"],
         "holder_id": hold["account_id"],
         "amount": hold["amount"],
         "key_id": hold["api_key_id"],
+        "key_digest": key_digest,
         "status": hold["status"],
         "placed_at": hold["created_at"],
         "expires_at": hold["expires_at"],
@@ -521,16 +553,26 @@ def hold_statement(hold: dict, month: int) -> tuple[Select, dict[str, Any]]:
     return statement, parameters
 
 
-def _monthly_limit_shortfall(key_id: int, amount: Decimal) -> MonthlyLimitShortfall:
+def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> MonthlyLimitShortfall:
+    """Return what the key's monthly limit leaves, once sure the key itself may be used.
+
+    :raise KeyRevoked, InvalidKey: as place_hold.
+    """
     key = db.session.execute(
-        select(_keys.c.monthly_limit, _month_spent.label("spent"), _keys.c.month_reserved).where(
-            _keys.c.id == key_id
-        ),
+        select(
+            _keys.c.state,
+            _keys.c.digest,
+            _keys.c.monthly_limit,
+            _month_spent.label("spent"),
+            _keys.c.month_reserved,
+        ).where(_keys.c.id == key_id),
         {"month": spend_month(utcnow())},
     ).first()
     db.session.commit()
-    if key is None:
-        # The key's row was removed outright after the caller was authenticated.
+    if key is not None and key.state == REVOKED:
+        raise KeyRevoked()
+    if key is None or key.state != ACTIVE or key_digest not in (None, key.digest):
+        # The key's row was removed, or the key deleted or rotated, after its caller was found.
         raise InvalidKey()
     limit = key.monthly_limit or Decimal(0)
     available = max(limit - key.spent - key.month_reserved, Decimal(0))
