@@ -9,6 +9,7 @@ from typing import Any
 
 from flask import Flask
 
+from app.auth.caller_cache import init_caller_cache
 from app.catalog.registry import init_catalog
 from app.dashboard.session import init_sessions
 from app.database import init_database
@@ -46,8 +47,9 @@ def create_app(config_name: str | None = None, overrides: Mapping[str, Any] | No
 
 
 def register_extensions(app: Flask) -> None:
-    """Bind the database, migrations, rate limits, the model catalog and dashboard sessions."""
+    """Bind the database, remembered callers, migrations, rate limits, catalog and sessions."""
     init_database(app)
+    init_caller_cache(app)
     migrate.init_app(app, db, directory=MIGRATIONS_DIRECTORY)
     init_rate_limits(app)
     init_catalog(app)

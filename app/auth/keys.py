@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from flask import current_app
 from sqlalchemy import bindparam, func, select, update
 
+from app.auth.caller_cache import CALLER_CACHE
 from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
 from app.catalog.registry import current_catalog
@@ -64,6 +66,8 @@ class Caller:
     last_used_at: datetime | None = None
     permitted_models: frozenset[str] | None = None
     monthly_limit: Decimal | None = None
+    # The digest of the key as presented: a hold applies only while the key still has it.
+    key_digest: str | None = None
 
     def may_use(self, model_id: str) -> bool:
         """Return whether this key may call the model ``model_id``."""
@@ -119,9 +123,16 @@ def find_caller(raw: str | None) -> Caller | None:
     value = parse_key(raw)
     if value is None:
         return None
+    cache = current_app.extensions.get(CALLER_CACHE)
+    if cache is None:
+        return _look_up_caller(digest_key(value))
+    return cache.find(digest_key(value), _look_up_caller)
+
+
+def _look_up_caller(digest: str) -> Caller | None:
     # On a connection of its own, back in the pool at once: the request may wait for its
     # caller's body next, and a pooled connection must not wait with it.
-    rows = execute_alone(_FIND_CALLER, {"digest": digest_key(value)}, prepared=True)
+    rows = execute_alone(_FIND_CALLER, {"digest": digest}, prepared=True)
     row = rows[0] if rows else None
     if row is None or row.state == DELETED:
         return None
@@ -132,7 +143,19 @@ def find_caller(raw: str | None) -> Caller | None:
         last_used_at=row.last_used_at,
         permitted_models=None if row.permitted_models is None else frozenset(row.permitted_models),
         monthly_limit=row.monthly_limit,
+        key_digest=digest,
     )
+
+
+def forget_remembered_callers() -> None:
+    """Forget the callers this process remembers, after a change to a key committed.
+
+    Other processes hear of it from the database (app.auth.caller_cache); this one must
+    not wait for that to answer its next request right.
+    """
+    cache = current_app.extensions.get(CALLER_CACHE)
+    if cache is not None:
+        cache.forget_all()
 
 
 def _find_key_or_raise(key_id: int) -> ApiKey:
@@ -198,6 +221,7 @@ def update_key_limits(
     key.permitted_models = models
     key.monthly_limit = limit
     db.session.commit()
+    forget_remembered_callers()
     return key
 
 
@@ -261,6 +285,7 @@ def rotate_key(key_id: int) -> IssuedKey:
     key.digest = digest_key(value)
     key.display_prefix = value[:DISPLAY_LENGTH]
     db.session.commit()
+    forget_remembered_callers()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
 
 
@@ -269,6 +294,7 @@ def revoke_key(key_id: int) -> ApiKey:
     key = _find_key_or_raise(key_id)
     key.state = REVOKED
     db.session.commit()
+    forget_remembered_callers()
     return key
 
 
@@ -282,6 +308,7 @@ def delete_key(key_id: int) -> None:
     # Unique like a digest, but never the sha256 hex of a key (it has a non-hex letter).
     key.digest = f"deleted-{key.id}"
     db.session.commit()
+    forget_remembered_callers()
 
 
 def list_keys(email: str) -> list[ApiKey]:
@@ -303,9 +330,12 @@ def key_use_records(caller: Caller, now: datetime | None = None) -> list[BoundSt
     """Return the UPDATE recording the key's use, if its last use is older than a minute.
 
     It runs in the settle transaction; at most one write a minute per key keeps a busy
-    key's row from becoming a point of contention.
+    key's row from becoming a point of contention. A caller this process remembers is
+    told of the use, so that its next requests do not write it again.
     """
     now = now or utcnow()
     if caller.last_used_at is not None and now - caller.last_used_at < LAST_USED_RESOLUTION:
         return []
+    if (cache := current_app.extensions.get(CALLER_CACHE)) is not None:
+        cache.note_use(caller, now)
     return [(_TOUCH_KEY, {"key_id": caller.key_id, "now": now})]

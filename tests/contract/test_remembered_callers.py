@@ -1,0 +1,120 @@
+"""A gateway process remembers the callers of keys it has seen, until a key changes.
+
+On PostgreSQL each worker remembers callers and listens for key changes (migration
+0010's trigger); these tests change keys from another process (the flask commands and
+the dashboard's functions, run here by the test process, or plain SQL) while gunicorn
+serves. SQLite remembers nothing: the tests are PostgreSQL's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from sqlalchemy import text
+
+from app.auth.keys import update_key_limits
+from app.extensions import db
+from tests.contract.conftest import billing_records
+
+CHAT = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
+
+
+@pytest.fixture(autouse=True)
+def _postgresql_only(database_url):
+    if not database_url.startswith("postgresql"):
+        pytest.skip("callers are remembered on PostgreSQL, which tells of key changes")
+
+
+def models(base_url: str, key: str) -> requests.Response:
+    return requests.get(
+        f"{base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+
+
+def chat(base_url: str, key: str) -> requests.Response:
+    return requests.post(
+        f"{base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json=CHAT,
+        timeout=30,
+    )
+
+
+def change_keys_unheard(app, statement: str, **parameters: object) -> None:
+    """Run ``statement`` on api_keys with its trigger off: no process hears of the change."""
+    with app.app_context():
+        db.session.execute(text("ALTER TABLE api_keys DISABLE TRIGGER api_keys_changed"))
+        db.session.execute(text(statement), parameters)
+        db.session.execute(text("ALTER TABLE api_keys ENABLE TRIGGER api_keys_changed"))
+        db.session.commit()
+
+
+def test_a_key_revoked_by_a_command_is_refused_at_its_next_request(live_server, runner, funded_key):
+    assert models(live_server.url, funded_key.key).status_code == 200
+    assert chat(live_server.url, funded_key.key).status_code == 200
+
+    assert runner.invoke(args=["keys", "revoke", str(funded_key.key_id)]).exit_code == 0
+
+    for answer in (models(live_server.url, funded_key.key), chat(live_server.url, funded_key.key)):
+        assert answer.status_code == 403
+        assert answer.json()["error"]["code"] == "api_key_revoked"
+
+
+def test_a_rotated_key_fails_at_once_and_its_new_value_works(live_server, runner, funded_key):
+    assert models(live_server.url, funded_key.key).status_code == 200
+
+    rotated = runner.invoke(args=["keys", "rotate", str(funded_key.key_id)])
+    new_value = rotated.output.strip().splitlines()[-1]
+
+    assert models(live_server.url, funded_key.key).status_code == 401
+    assert chat(live_server.url, funded_key.key).status_code == 401
+    assert chat(live_server.url, new_value).status_code == 200
+
+
+def test_a_key_limited_to_other_models_is_held_to_them_at_its_next_request(
+    app, live_server, funded_key
+):
+    assert chat(live_server.url, funded_key.key).status_code == 200
+
+    with app.app_context():
+        update_key_limits(funded_key.key_id, permitted_models=["dev-slow"], monthly_limit=None)
+
+    listed = [model["id"] for model in models(live_server.url, funded_key.key).json()["data"]]
+    refused = chat(live_server.url, funded_key.key)
+    assert listed == ["dev-slow"]
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_hold_refuses_a_revoked_key_its_caller_was_remembered_with(app, live_server, funded_key):
+    assert models(live_server.url, funded_key.key).status_code == 200
+
+    change_keys_unheard(
+        app, "UPDATE api_keys SET state = 'revoked' WHERE id = :id", id=funded_key.key_id
+    )
+
+    # The worker still remembers the key as active (nobody told it)...
+    assert models(live_server.url, funded_key.key).status_code == 200
+    # ...but the hold checks the key itself: nothing is held or charged on it.
+    refused = chat(live_server.url, funded_key.key)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "api_key_revoked"
+    account, generations, charges, holds = billing_records(app, funded_key.account_id)
+    assert (generations, charges, holds) == ([], [], [])
+    assert account.reserved == 0
+
+
+def test_a_hold_refuses_the_old_value_of_a_key_rotated_unheard(app, live_server, funded_key):
+    assert models(live_server.url, funded_key.key).status_code == 200
+
+    change_keys_unheard(
+        app,
+        "UPDATE api_keys SET digest = :digest WHERE id = :id",
+        id=funded_key.key_id,
+        digest="0" * 64,
+    )
+
+    refused = chat(live_server.url, funded_key.key)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+    _, generations, charges, holds = billing_records(app, funded_key.account_id)
+    assert (generations, charges, holds) == ([], [], [])

@@ -1,0 +1,192 @@
+"""The per-process memory of callers, driven by a listening connection that is a stand-in.
+
+What PostgreSQL does (the trigger, the notifications, a real listener) is tested over
+HTTP in tests/contract/test_remembered_callers.py; here, the cache's own rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from app.auth import caller_cache
+from app.auth.caller_cache import ENTRY_SECONDS, RETRY_SECONDS, CallerCache
+
+
+class ConnectionLost(Exception):
+    """The stand-in driver's error."""
+
+
+class Listener:
+    """A listening connection: notifications are appended, poll() may fail."""
+
+    def __init__(self) -> None:
+        self.notifies: list[str] = []
+        self.executed: list[str] = []
+        self.closed = False
+        self.lost = False
+
+    def cursor(self) -> Listener:
+        return self
+
+    def execute(self, text: str) -> None:
+        self.executed.append(text)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def poll(self) -> None:
+        if self.lost:
+            raise ConnectionLost()
+
+
+@dataclass(frozen=True)
+class Caller:
+    key_id: int
+    key_digest: str | None
+    last_used_at: datetime | None = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def world():
+    """A cache, its listeners (one per connection opened), its clock and its lookups."""
+    listeners: list[Listener] = []
+    lookups: list[str] = []
+    clock = Clock()
+
+    def connect() -> Listener:
+        listeners.append(Listener())
+        return listeners[-1]
+
+    def look_up(digest: str) -> Caller:
+        lookups.append(digest)
+        return Caller(key_id=len(lookups), key_digest=digest)
+
+    cache = CallerCache(connect, ConnectionLost, clock=clock)
+    return cache, listeners, lookups, look_up, clock
+
+
+def test_a_caller_is_looked_up_once_while_no_key_changes(world):
+    cache, listeners, lookups, look_up, _ = world
+
+    first = cache.find("d1", look_up)
+    again = cache.find("d1", look_up)
+
+    assert again is first and lookups == ["d1"]
+    assert listeners[0].executed == [f"LISTEN {caller_cache.CHANNEL}"]
+
+
+def test_a_notification_forgets_every_caller(world):
+    cache, listeners, lookups, look_up, _ = world
+    cache.find("d1", look_up)
+    cache.find("d2", look_up)
+
+    listeners[0].notifies.append("gateway_api_keys")
+    cache.find("d1", look_up)
+    cache.find("d2", look_up)
+
+    assert lookups == ["d1", "d2", "d1", "d2"] and listeners[0].notifies == []
+
+
+def test_a_lookup_overtaken_by_a_change_is_not_remembered(world):
+    cache, listeners, lookups, _, _ = world
+
+    def look_up_while_a_key_changes(digest: str) -> Caller:
+        # The row read may predate the change whose notification arrives meanwhile.
+        listeners[0].notifies.append("gateway_api_keys")
+        lookups.append(digest)
+        return Caller(key_id=1, key_digest=digest)
+
+    cache.find("d1", look_up_while_a_key_changes)
+    cache.find("d1", look_up_while_a_key_changes)
+
+    assert lookups == ["d1", "d1"]
+
+
+def test_a_change_made_by_this_process_forgets_at_once(world):
+    cache, _, lookups, look_up, _ = world
+    cache.find("d1", look_up)
+
+    cache.forget_all()
+    cache.find("d1", look_up)
+
+    assert lookups == ["d1", "d1"]
+
+
+def test_a_caller_is_remembered_for_entry_seconds_at_most(world):
+    cache, _, lookups, look_up, clock = world
+    cache.find("d1", look_up)
+
+    clock.now += ENTRY_SECONDS - 1
+    cache.find("d1", look_up)
+    clock.now += 2
+    cache.find("d1", look_up)
+
+    assert lookups == ["d1", "d1"]
+
+
+def test_nothing_is_remembered_while_the_listener_is_down(world):
+    cache, listeners, lookups, look_up, clock = world
+    cache.find("d1", look_up)
+
+    listeners[0].lost = True
+    cache.find("d1", look_up)
+    cache.find("d1", look_up)
+    clock.now += RETRY_SECONDS
+    cache.find("d1", look_up)
+    cache.find("d1", look_up)
+
+    # Lost: looked up twice without memory; listening again after the pause: once.
+    assert lookups == ["d1", "d1", "d1", "d1"]
+    assert listeners[0].closed and len(listeners) == 2
+
+
+def test_a_failure_to_listen_looks_every_key_up_until_the_next_try(world):
+    cache, listeners, lookups, look_up, clock = world
+    attempts = []
+
+    def connect() -> Listener:
+        attempts.append(clock.now)
+        if len(attempts) == 1:
+            raise ConnectionLost()
+        listeners.append(Listener())
+        return listeners[-1]
+
+    cache = CallerCache(connect, ConnectionLost, clock=clock)
+    cache.find("d1", look_up)
+    cache.find("d1", look_up)
+    clock.now += RETRY_SECONDS
+    cache.find("d1", look_up)
+    cache.find("d1", look_up)
+
+    assert lookups == ["d1", "d1", "d1"] and len(attempts) == 2
+
+
+def test_a_recorded_use_updates_the_remembered_caller(world):
+    cache, _, lookups, look_up, _ = world
+    caller = cache.find("d1", look_up)
+    used_at = datetime(2026, 11, 23, tzinfo=UTC)
+
+    cache.note_use(caller, used_at)
+
+    assert cache.find("d1", look_up).last_used_at == used_at and lookups == ["d1"]
+
+
+def test_a_forked_process_starts_with_its_own_listener_and_no_callers(world, monkeypatch):
+    cache, listeners, lookups, look_up, _ = world
+    cache.find("d1", look_up)
+
+    monkeypatch.setattr(caller_cache.os, "getpid", lambda: -1)
+    cache.find("d1", look_up)
+
+    assert lookups == ["d1", "d1"] and len(listeners) == 2
