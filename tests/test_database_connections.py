@@ -171,3 +171,28 @@ def test_a_worker_never_opens_more_connections_than_its_pool(postgres_url, funde
     # Two engines on PostgreSQL: the session's and the one for statements run alone;
     # beside them, the worker's one listener for key changes (app.auth.caller_cache).
     assert 0 < max(seen) <= 2 * pool_size + 1, seen
+
+
+def test_a_key_changed_while_the_key_listener_was_down_is_refused(
+    postgres_url, drop_connections, funded_key
+):
+    # The listener for key changes is lost with the others: the change it could not
+    # hear must not leave the key's caller remembered (app.auth.caller_cache).
+    app = app_pinging_after(postgres_url, idle_seconds=0.2)
+    client = app.test_client()
+    assert complete(client, funded_key.key).status_code == 200
+
+    assert drop_connections() >= 2
+    admin = sqlalchemy.create_engine(postgres_url)
+    with admin.begin() as connection:
+        connection.execute(
+            sqlalchemy.text("UPDATE api_keys SET state = 'revoked' WHERE id = :id"),
+            {"id": funded_key.key_id},
+        )
+    admin.dispose()
+    time.sleep(0.3)
+
+    # A route that holds nothing: only the lookup can refuse the key there.
+    refused = client.get("/v1/models", headers={"Authorization": f"Bearer {funded_key.key}"})
+    assert refused.status_code == 403
+    assert refused.get_json()["error"]["code"] == "api_key_revoked"

@@ -140,6 +140,13 @@ class CallerCache:
             log.warning("stopped listening for key changes: its connection failed")
             self._stop_listening()
             return None
+        if self._listener.notices:
+            # A connection that only listens hears nothing else but the server's last
+            # word before it ends the session (a restart, a terminated backend): poll()
+            # reads it without failing, and notifications sent since are lost.
+            log.warning("stopped listening for key changes: %s", self._listener.notices[-1].strip())
+            self._stop_listening()
+            return None
         if self._listener.notifies:
             self._listener.notifies.clear()
             self.forget_all()

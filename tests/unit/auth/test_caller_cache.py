@@ -20,10 +20,11 @@ class ConnectionLost(Exception):
 
 
 class Listener:
-    """A listening connection: notifications are appended, poll() may fail."""
+    """A listening connection: notifications and notices are appended, poll() may fail."""
 
     def __init__(self) -> None:
         self.notifies: list[str] = []
+        self.notices: list[str] = []
         self.executed: list[str] = []
         self.closed = False
         self.lost = False
@@ -149,6 +150,17 @@ def test_nothing_is_remembered_while_the_listener_is_down(world):
     # Lost: looked up twice without memory; listening again after the pause: once.
     assert lookups == ["d1", "d1", "d1", "d1"]
     assert listeners[0].closed and len(listeners) == 2
+
+
+def test_the_servers_last_word_stops_the_listening(world):
+    # A terminated session's FATAL message is read as a notice; poll() fails only after.
+    cache, listeners, lookups, look_up, _ = world
+    cache.find("d1", look_up)
+
+    listeners[0].notices.append("FATAL:  terminating connection due to administrator command\n")
+    cache.find("d1", look_up)
+
+    assert lookups == ["d1", "d1"] and listeners[0].closed
 
 
 def test_a_failure_to_listen_looks_every_key_up_until_the_next_try(world):
