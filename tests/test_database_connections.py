@@ -196,3 +196,26 @@ def test_a_key_changed_while_the_key_listener_was_down_is_refused(
     refused = client.get("/v1/models", headers={"Authorization": f"Bearer {funded_key.key}"})
     assert refused.status_code == 403
     assert refused.get_json()["error"]["code"] == "api_key_revoked"
+
+
+def test_behind_a_pooler_that_moves_sessions_no_caller_is_remembered(postgres_url, funded_key):
+    # Found out by a prepared statement gone missing: the listener's session need not
+    # be the one PostgreSQL notifies, so every key is looked up.
+    app = app_pinging_after(postgres_url, idle_seconds=10)
+    client = app.test_client()
+    headers = {"Authorization": f"Bearer {funded_key.key}"}
+    assert complete(client, funded_key.key).status_code == 200
+    with app.extensions[AUTOCOMMIT_ENGINE].connect() as connection:
+        connection.exec_driver_sql("DEALLOCATE ALL")
+    assert complete(client, funded_key.key).status_code == 200
+    assert app.extensions[PREPARED_STATEMENTS_LOST]
+
+    with app.extensions[AUTOCOMMIT_ENGINE].connect() as connection:
+        connection.exec_driver_sql("ALTER TABLE api_keys DISABLE TRIGGER api_keys_changed")
+        connection.execute(
+            sqlalchemy.text("UPDATE api_keys SET state = 'revoked' WHERE id = :id"),
+            {"id": funded_key.key_id},
+        )
+        connection.exec_driver_sql("ALTER TABLE api_keys ENABLE TRIGGER api_keys_changed")
+
+    assert client.get("/v1/models", headers=headers).status_code == 403

@@ -14,8 +14,10 @@ request (it is on its way as the change commits; in the process that made the ch
 nothing is remembered past it). Nothing is billed on such a key meanwhile: a hold
 re-checks the key's state and value in its own statement (app.credits.ledger). A caller
 is remembered at most ``ENTRY_SECONDS`` in any case, which bounds what a lost
-notification could leave standing (a pooler in transaction mode does not pass them on);
-and nothing is remembered while the listening connection is down.
+notification could leave standing; nothing is remembered while the listening connection
+is down, nor behind a pooler that moves sessions (PgBouncer in transaction mode does not
+deliver notifications; app.auth.keys.find_caller stops remembering once the prepared
+statements show such a pooler).
 SQLite has no notifications: there every request looks its key up, at a tenth of the
 cost of a round trip.
 """

@@ -27,7 +27,7 @@ from app.catalog.registry import current_catalog
 from app.completions.models import Generation
 from app.credits.accounts import find_account_or_raise
 from app.credits.ledger import spend_month
-from app.database import BoundStatement, execute_alone, utcnow
+from app.database import PREPARED_STATEMENTS_LOST, BoundStatement, execute_alone, utcnow
 from app.extensions import db
 
 KEY_PREFIX = "sk-gw-"
@@ -124,7 +124,9 @@ def find_caller(raw: str | None) -> Caller | None:
     if value is None:
         return None
     cache = current_app.extensions.get(CALLER_CACHE)
-    if cache is None:
+    # Behind a pooler that moves sessions (found out by the prepared statements), the
+    # listener's session is not the one notified: nothing is remembered.
+    if cache is None or current_app.extensions.get(PREPARED_STATEMENTS_LOST):
         return _look_up_caller(digest_key(value))
     return cache.find(digest_key(value), _look_up_caller)
 
