@@ -7,9 +7,10 @@ same fake upstream at the same time, each on a database of its own (SQLite, or w
 ``--database-url`` a PostgreSQL database created for it on that server and dropped
 afterwards), and interleaved rounds of the chosen scenarios measure each in turn. For
 each scenario it prints each target's CPU per request and req/s as ratios to the
-floor's in the same round: the median, then every round's value, and the busiest
-worker's share per round (a round whose connections all landed on one worker stands
-out). On PostgreSQL the database server's own CPU is not in the gateways' figures.
+floor's in the same round, and what it adds to the floor's time to first byte: the
+median, then every round's value; and the busiest worker's share per round (a round
+whose connections all landed on one worker stands out). On PostgreSQL the database
+server's own CPU is not in the gateways' figures.
 
     .venv/bin/python bench/compare.py --base COMMIT [--scenario NAME ...] [--rounds 5]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
@@ -124,11 +125,14 @@ def start(
 def table(
     rounds: dict[tuple[str, str], list[Figures]], plan: list[Scenario], names: list[str]
 ) -> list[str]:
-    """Render each target's ratios to the floor of the same round: median, then each round."""
+    """Render each target against the floor of the same round: median, then each round.
+
+    CPU and req/s as ratios to the floor's; the time to first byte (p50) as what it adds.
+    """
     lines = [
         "| scenario | target | CPU x floor | rounds | req/s % of floor | rounds "
-        "| busiest worker per round | errors |",
-        "|---|---|---:|---|---:|---|---|---:|",
+        "| TTFB vs floor ms | rounds | busiest worker per round | errors |",
+        "|---|---|---:|---|---:|---|---:|---|---|---:|",
     ]
     for scenario in plan:
         floor = rounds[scenario.name, "floor"]
@@ -136,11 +140,14 @@ def table(
             own = rounds[scenario.name, name]
             cpu = ratios(own, floor, "cpu_us")
             rps = [None if share is None else 100 * share for share in ratios(own, floor, "rps")]
+            ttfb = [mine.ttfb_ms - theirs.ttfb_ms for mine, theirs in zip(own, floor, strict=True)]
             lines.append(
                 f"| {scenario.name} | {name} | {shown(median(cpu), '{:.2f}')} | "
                 f"{' '.join(shown(value, '{:.2f}') for value in cpu)} | "
                 f"{shown(median(rps), '{:.0f}%')} | "
                 f"{' '.join(shown(value, '{:.0f}') for value in rps)} | "
+                f"{shown(median(ttfb), '{:+.2f}')} | "
+                f"{' '.join(shown(value, '{:+.2f}') for value in ttfb)} | "
                 f"{' '.join(f'{100 * figures.busiest_worker:.0f}%' for figures in own)} | "
                 f"{sum(figures.errors for figures in own)} |"
             )

@@ -29,24 +29,24 @@ def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds(database_
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = table_rows(done.stdout, 8)
+    rows = table_rows(done.stdout, 10)
     assert [(row[0], row[1]) for row in rows] == [
         ("stream c=3", "floor"),
         ("stream c=3", "base HEAD"),
         ("stream c=3", "working tree"),
     ]
     for row in rows:
-        assert len(row[3].split()) == len(row[5].split()) == len(row[6].split()) == 2, row
+        assert all(len(row[column].split()) == 2 for column in (3, 5, 7, 8)), row
         assert row[-1] == "0", row
     # CPU is read in ticks of 10 ms: a round of six requests may measure none ("-").
-    assert rows[0][2] in ("1.00", "-") and rows[0][4] == "100%"
+    assert rows[0][2] in ("1.00", "-") and rows[0][4] == "100%" and rows[0][6] == "+0.00"
     assert worktrees() == before, "the base's worktree was left behind"
 
 
-def figures(cpu_us: float, rps: float) -> Figures:
+def figures(cpu_us: float, rps: float, ttfb_ms: float = 1) -> Figures:
     return Figures(
         cpu_us=cpu_us, upstream_cpu_us=0, database_cpu_us=0, p50_ms=1, p90_ms=1, p99_ms=1,
-        ttfb_ms=1, rps=rps, busiest_worker=0.5, errors=0,
+        ttfb_ms=ttfb_ms, rps=rps, busiest_worker=0.5, errors=0,
     )  # fmt: skip
 
 
@@ -57,6 +57,27 @@ def test_a_round_whose_floor_measured_no_cpu_shows_a_dash_and_is_left_out_of_the
         ("whole c=1", "new"): [figures(900, 50), figures(1000, 50), figures(1500, 40)],
     }
 
-    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 8)
+    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 10)
 
     assert rows[1][2:6] == ["2.50", "- 2.00 3.00", "50%", "50 50 80"]
+
+
+def test_the_time_to_first_byte_is_what_each_round_adds_to_its_floors():
+    scenario = Scenario("stream c=1", "bench-fast", True, 1)
+    rounds = {
+        ("stream c=1", "floor"): [
+            figures(500, 100, 0.6),
+            figures(500, 100, 0.8),
+            figures(500, 100, 2.0),
+        ],
+        ("stream c=1", "new"): [
+            figures(900, 50, 1.5),
+            figures(900, 50, 1.6),
+            figures(900, 50, 2.5),
+        ],
+    }
+
+    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 10)
+
+    assert rows[0][6:8] == ["+0.00", "+0.00 +0.00 +0.00"]
+    assert rows[1][6:8] == ["+0.80", "+0.90 +0.80 +0.50"]
