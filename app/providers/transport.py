@@ -13,6 +13,8 @@ own error text for a 401/403 into a message a caller can see.
 
 from __future__ import annotations
 
+import functools
+import http.client
 import logging
 import math
 import os
@@ -129,19 +131,26 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
     """
     raw = response.raw
     arrived = ChunkArrival.of(raw)
+    # A plain chunked body is read from http.client's response under urllib3's: urllib3's
+    # read adds a context manager, a buffer queue and its accounting to every chunk (a
+    # third of reading one), and does nothing for a body that is neither encoded nor
+    # counted. Its state stays right: the body's end closes the response under it.
+    read = (
+        functools.partial(raw.read1, decode_content=True) if arrived is None else arrived.body.read1
+    )
     try:
-        while chunk := raw.read1(READ_SIZE, decode_content=True):
+        while chunk := read(READ_SIZE):
             received = [chunk]
             size = len(chunk)
             while size < READ_SIZE and arrived is not None and arrived.next_chunk():
-                chunk = raw.read1(READ_SIZE, decode_content=True)
+                chunk = read(READ_SIZE)
                 received.append(chunk)
                 size += len(chunk)
             yield b"".join(received)
-    except urllib3.exceptions.ReadTimeoutError:
+    except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
         log.warning("upstream %s went silent mid-stream", response.url)
         raise UpstreamTimeout("The model's upstream stopped sending mid-answer.") from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
         log.warning("upstream %s: connection lost mid-stream: %s", response.url, exc)
         raise UpstreamError("The connection to the model's upstream was lost.") from None
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -419,6 +422,46 @@ def test_the_events_that_arrived_together_are_one_read(replay_server):
     response = requests.post(f"{replay_server.url}/third/v1/chat/completions", stream=True)
 
     assert list(received_chunks(response)) == [load_transcript("openai_chat_stream")[1]]
+
+
+class GzipStream(BaseHTTPRequestHandler):
+    """Answers with a compressed event stream, in HTTP chunks."""
+
+    protocol_version = "HTTP/1.1"
+    events = load_transcript("openai_chat_stream")[1]
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = gzip.compress(self.events)
+        self.send_response(200)
+        for name, value in (
+            ("Content-Type", "text/event-stream"),
+            ("Content-Encoding", "gzip"),
+            ("Transfer-Encoding", "chunked"),
+        ):
+            self.send_header(name, value)
+        self.end_headers()
+        for start in range(0, len(body), 64):
+            piece = body[start : start + 64]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args: object) -> None:
+        """Keep the test's output quiet."""
+
+
+def test_an_encoded_stream_is_read_decoded():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), GzipStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+        response = requests.post(url, json={}, stream=True, timeout=5)
+        received = b"".join(received_chunks(response))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert received == GzipStream.events
 
 
 def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
