@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from app import database as app_database
 from app.database import SQLiteWriter, sqlite_writer_engine
 from app.observability import metrics
 
@@ -138,3 +139,43 @@ def test_at_most_the_limit_of_writes_commit_together(database):
     count, carried = shared_commits()
     # Two commits of two; the fifth write committed alone.
     assert (count - before[0], carried - before[1]) == (2, 4)
+
+
+class Interrupted(BaseException):
+    """What a killed greenlet raises in its request: no Exception, nothing catches it."""
+
+
+def test_an_interrupted_write_leaves_the_connection_ready_for_the_next(database):
+    # The writer keeps its connection between writes: a transaction left open would
+    # refuse every later one.
+    writer = SQLiteWriter(sqlite_writer_engine(create_engine(f"sqlite:///{database}")))
+
+    def interrupted(connection: Connection) -> None:
+        note("lost")(connection)
+        raise Interrupted()
+
+    with pytest.raises(Interrupted):
+        writer.run(interrupted)
+    assert writer.run(note("next")) == 1
+
+    assert words(database) == {"next"}
+
+
+def test_a_forked_process_writes_on_a_connection_of_its_own(database, monkeypatch):
+    writer = SQLiteWriter(sqlite_writer_engine(create_engine(f"sqlite:///{database}")))
+    used = []
+
+    def note_on(word: str) -> Callable[[Connection], int]:
+        def write(connection: Connection) -> int:
+            used.append(connection.connection.dbapi_connection)
+            return note(word)(connection)
+
+        return write
+
+    writer.run(note_on("parent"))
+    writer.run(note_on("parent again"))
+    monkeypatch.setattr(app_database.os, "getpid", lambda: -1)
+    writer.run(note_on("child"))
+
+    assert used[0] is used[1] and used[2] is not used[0]
+    assert words(database) == {"parent", "parent again", "child"}
