@@ -13,7 +13,13 @@ import sqlalchemy
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
-from app.database import AUTOCOMMIT_ENGINE, PREPARED_STATEMENTS_LOST, execute_alone
+from app import database as app_database
+from app.database import (
+    AUTOCOMMIT_ENGINE,
+    KEPT_CONNECTIONS,
+    PREPARED_STATEMENTS_LOST,
+    execute_alone,
+)
 from app.extensions import db
 from tests.conftest import TEST_CATALOG, running_server
 
@@ -113,14 +119,21 @@ def test_a_connection_used_again_soon_is_not_pinged(postgres_url, drop_connectio
     query_both_engines(app)
 
 
+def deallocate_prepared_statements(app) -> None:
+    """Drop the prepared statements of the connection the next statement run alone uses."""
+    kept = app.extensions[KEPT_CONNECTIONS]
+    connection = kept.take()
+    connection.exec_driver_sql("DEALLOCATE ALL")
+    kept.keep(connection)
+
+
 def test_a_hold_survives_its_prepared_statement_going_missing(postgres_url, funded_key):
     # As behind PgBouncer in transaction mode, where EXECUTE may reach another server
     # session than PREPARE did.
     app = app_pinging_after(postgres_url, idle_seconds=10)
     client = app.test_client()
     assert complete(client, funded_key.key).status_code == 200
-    with app.extensions[AUTOCOMMIT_ENGINE].connect() as connection:
-        connection.exec_driver_sql("DEALLOCATE ALL")
+    deallocate_prepared_statements(app)
 
     assert complete(client, funded_key.key).status_code == 200
     assert app.extensions[PREPARED_STATEMENTS_LOST]
@@ -205,8 +218,7 @@ def test_behind_a_pooler_that_moves_sessions_no_caller_is_remembered(postgres_ur
     client = app.test_client()
     headers = {"Authorization": f"Bearer {funded_key.key}"}
     assert complete(client, funded_key.key).status_code == 200
-    with app.extensions[AUTOCOMMIT_ENGINE].connect() as connection:
-        connection.exec_driver_sql("DEALLOCATE ALL")
+    deallocate_prepared_statements(app)
     assert complete(client, funded_key.key).status_code == 200
     assert app.extensions[PREPARED_STATEMENTS_LOST]
 
@@ -219,3 +231,47 @@ def test_behind_a_pooler_that_moves_sessions_no_caller_is_remembered(postgres_ur
         connection.exec_driver_sql("ALTER TABLE api_keys ENABLE TRIGGER api_keys_changed")
 
     assert client.get("/v1/models", headers=headers).status_code == 403
+
+
+def test_statements_run_alone_take_the_connection_the_last_one_used(postgres_url):
+    app = app_pinging_after(postgres_url, idle_seconds=10)
+    engine = app.extensions[AUTOCOMMIT_ENGINE]
+    opened = [engine.connect() for _ in range(2)]
+    for connection in opened:
+        connection.close()  # two idle in the pool, which hands them out in turn
+    backends = []
+    with app.app_context():
+        for _ in range(3):
+            backends += execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})
+
+    # Kept, not checked out and in again: that costs more than the statement.
+    assert len(set(backends)) == 1, backends
+
+
+def test_a_lost_connection_sends_back_every_kept_one(postgres_url, drop_connections):
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    kept = app.extensions[KEPT_CONNECTIONS]
+    with app.app_context():
+        # Two statements at once: two connections, both kept afterwards.
+        first, second = kept.take(), kept.take()
+        kept.keep(first)
+        kept.keep(second)
+
+    drop_connections()
+
+    # As without a ping: the first statement on a lost connection fails...
+    with app.app_context(), pytest.raises(OperationalError):
+        execute_alone(sqlalchemy.text("SELECT 1"), {})
+    # ...and takes the other kept one (lost as well) with it, not the next statement.
+    with app.app_context():
+        assert execute_alone(sqlalchemy.text("SELECT 1"), {}) == [(1,)]
+
+
+def test_a_forked_process_keeps_none_of_its_parents_connections(postgres_url, monkeypatch):
+    app = app_pinging_after(postgres_url, idle_seconds=10)
+    with app.app_context():
+        parents = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})
+        monkeypatch.setattr(app_database.os, "getpid", lambda: -1)
+        childs = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})
+
+    assert parents != childs
