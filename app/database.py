@@ -176,15 +176,13 @@ def init_database(app: Flask) -> None:
     idle_seconds = app.config["DATABASE_IDLE_PING_SECONDS"]
     with app.app_context():
         ping_idle_connections(db.engine, idle_seconds)
+        alone = create_engine(
+            db.engine.url, isolation_level="AUTOCOMMIT", **app.config["SQLALCHEMY_ENGINE_OPTIONS"]
+        )
+        ping_idle_connections(alone, idle_seconds)
+        app.extensions[KEPT_CONNECTIONS] = KeptConnections(alone, idle_seconds)
         if db.engine.dialect.name == "postgresql":
-            engine = create_engine(
-                db.engine.url,
-                isolation_level="AUTOCOMMIT",
-                **app.config["SQLALCHEMY_ENGINE_OPTIONS"],
-            )
-            ping_idle_connections(engine, idle_seconds)
-            app.extensions[AUTOCOMMIT_ENGINE] = engine
-            app.extensions[KEPT_CONNECTIONS] = KeptConnections(engine, idle_seconds)
+            app.extensions[AUTOCOMMIT_ENGINE] = alone
         elif db.engine.dialect.name == "sqlite":
             app.extensions[SQLITE_WRITER] = SQLiteWriter(sqlite_writer_engine(db.engine))
 
@@ -402,21 +400,18 @@ def _take_write_lock(connection: Connection) -> None:
 def execute_alone(
     statement: Executable, parameters: dict[str, Any], *, prepared: bool = False
 ) -> Sequence[Any]:
-    """Run one statement on a connection of its own; return its rows.
+    """Run one statement on a connection of its own, in autocommit; return its rows.
 
-    The connection is free for another statement when this returns (on PostgreSQL kept
-    by the process for the next: KeptConnections). On PostgreSQL the statement
-    runs in autocommit, so it must be all-or-nothing by itself: nothing can roll it
-    back; ``prepared``, it is planned once per connection. Elsewhere it must write
-    nothing: its connection is rolled back on return.
+    The connection is kept by the process for the next such statement (KeptConnections),
+    free for it as soon as this returns. Nothing can roll the statement back, so it must
+    be all-or-nothing by itself; on SQLite it must write nothing, since writes wait
+    their turn through write_transaction. ``prepared``, it is planned once per
+    connection on PostgreSQL.
     """
-    kept = current_app.extensions.get(KEPT_CONNECTIONS)
-    if kept is None:
-        with db.engine.connect() as connection:
-            return fetch_on_driver(connection, statement, parameters)
+    kept = current_app.extensions[KEPT_CONNECTIONS]
     connection = kept.take()
     try:
-        if prepared:
+        if prepared and connection.dialect.name == "postgresql":
             rows = execute_prepared(connection, statement, parameters)
         else:
             rows = fetch_on_driver(connection, statement, parameters)
@@ -428,7 +423,7 @@ def execute_alone(
 
 
 class KeptConnections:
-    """The autocommit engine's connections, kept by the process between statements run alone.
+    """The connections of statements run alone, kept by the process between statements.
 
     Checking a connection out of SQLAlchemy's pool and in again costs about 120K
     instructions under gevent (its queue's locks are pure Python there), more than the
@@ -437,31 +432,36 @@ class KeptConnections:
     to give (another statement may be waiting for one there), when its statement failed
     (a lost one sends back every kept one: the server went away), and, if it sat unused
     longer than the idle ping's time, it is pinged first, as the pool's checkout would.
+
+    Its engine's pool has no other client, so the connections checked out of it are
+    the ones counted here: asking the pool would take its queue's lock again.
     """
 
     def __init__(self, engine: Engine, idle_seconds: float) -> None:
         self.engine = engine
         self.idle_seconds = idle_seconds
         self._kept: list[tuple[Connection, float]] = []
+        self._checked_out = 0
         self._pid = os.getpid()
 
     def take(self) -> Connection:
         """Return a kept connection that is still good, else one from the pool."""
         if self._pid != os.getpid():
             # A forked child: its parent's connections are not its own.
-            self._pid, self._kept = os.getpid(), []
+            self._pid, self._kept, self._checked_out = os.getpid(), [], 0
             self.engine.dispose(close=False)
         while self._kept:
             connection, kept_since = self._kept.pop()
             if time.monotonic() - kept_since < self.idle_seconds or self._answers(connection):
                 return connection
-        return self.engine.connect()
+        connection = self.engine.connect()
+        self._checked_out += 1
+        return connection
 
     def keep(self, connection: Connection) -> None:
         """Keep ``connection`` for the next statement, or give it back if someone may wait."""
-        pool = self.engine.pool
-        if connection.invalidated or pool.checkedout() >= pool.size():
-            connection.close()
+        if connection.invalidated or self._checked_out >= self.engine.pool.size():
+            self._give_back(connection)
         else:
             self._kept.append((connection, time.monotonic()))
 
@@ -471,15 +471,19 @@ class KeptConnections:
             kept, self._kept = self._kept, []
             for other, _ in kept:
                 other.invalidate()
-                other.close()
+                self._give_back(other)
+        self._give_back(connection)
+
+    def _give_back(self, connection: Connection) -> None:
         connection.close()
+        self._checked_out -= 1
 
     def _answers(self, connection: Connection) -> bool:
         try:
             self.engine.dialect.do_ping(connection.connection.dbapi_connection)
         except self.engine.dialect.loaded_dbapi.Error as error:
             connection.invalidate(error)
-            connection.close()
+            self._give_back(connection)
             return False
         return True
 

@@ -248,6 +248,42 @@ def test_statements_run_alone_take_the_connection_the_last_one_used(postgres_url
     assert len(set(backends)) == 1, backends
 
 
+def app_on(database_url: str):
+    """A fresh app on the test database: its connections are this test's alone."""
+    return create_app(
+        "testing", {"SQLALCHEMY_DATABASE_URI": database_url, "MODEL_CATALOG": TEST_CATALOG}
+    )
+
+
+def test_statements_run_alone_keep_their_connection_out_of_the_pool(database_url):
+    app = app_on(database_url)
+    kept = app.extensions[KEPT_CONNECTIONS]
+    checkouts = []
+    sqlalchemy.event.listen(kept.engine, "checkout", lambda *_: checkouts.append(1))
+    with app.app_context():
+        answers = [execute_alone(sqlalchemy.text("SELECT 1"), {}) for _ in range(3)]
+
+    assert answers == [[(1,)]] * 3
+    # One checkout for three statements, on SQLite as on PostgreSQL.
+    assert len(checkouts) == 1, checkouts
+
+
+def test_a_connection_goes_back_when_the_pool_has_none_left(database_url):
+    app = app_on(database_url)
+    kept = app.extensions[KEPT_CONNECTIONS]
+    pool = kept.engine.pool
+    with app.app_context():
+        taken = [kept.take() for _ in range(pool.size())]
+        assert pool.checkedout() == pool.size()
+        # Another statement could be waiting for this one in the pool: it goes back...
+        kept.keep(taken.pop())
+        assert pool.checkedout() == pool.size() - 1
+        # ...while the others, with one free in the pool, are kept.
+        for connection in taken:
+            kept.keep(connection)
+        assert pool.checkedout() == pool.size() - 1
+
+
 def test_a_lost_connection_sends_back_every_kept_one(postgres_url, drop_connections):
     app = app_pinging_after(postgres_url, idle_seconds=3600)
     kept = app.extensions[KEPT_CONNECTIONS]
