@@ -13,7 +13,6 @@ own error text for a 401/403 into a message a caller can see.
 
 from __future__ import annotations
 
-import functools
 import http.client
 import logging
 import math
@@ -123,30 +122,26 @@ def upstream_error_message(body: Any) -> tuple[str | None, str | None]:
 def received_chunks(response: requests.Response) -> Iterator[bytes]:
     """Yield a streamed body's bytes as they arrive: each item is all that one wait brought.
 
-    ``read1`` hands over what the socket has, where ``iter_content`` would wait for a
-    whole chunk size (or, without chunked encoding, for the end of the body). Of a
-    chunked body it returns one HTTP chunk, the upstream's flush of one event, even when
-    many have arrived together: those already here join the same item, so that the
-    events of one upstream read can leave the gateway together.
+    A read hands over what the socket has, where ``iter_content`` would wait for a whole
+    chunk size (or, without chunked encoding, for the end of the body). Every event that
+    arrived in one piece is in one item, so that they can leave the gateway together.
     """
     raw = response.raw
-    arrived = ChunkArrival.of(raw)
-    # A plain chunked body is read from http.client's response under urllib3's: urllib3's
-    # read adds a context manager, a buffer queue and its accounting to every chunk (a
-    # third of reading one), and does nothing for a body that is neither encoded nor
-    # counted. Its state stays right: the body's end closes the response under it.
-    read = (
-        functools.partial(raw.read1, decode_content=True) if arrived is None else arrived.body.read1
-    )
+    body = plain_chunked_body(raw)
     try:
-        while chunk := read(READ_SIZE):
-            received = [chunk]
-            size = len(chunk)
-            while size < READ_SIZE and arrived is not None and arrived.next_chunk():
-                chunk = read(READ_SIZE)
-                received.append(chunk)
-                size += len(chunk)
-            yield b"".join(received)
+        if body is None:
+            while data := raw.read1(READ_SIZE, decode_content=True):
+                yield data
+            return
+        while True:
+            data = buffered_chunks_data(body)
+            if data is None:
+                # http.client reads on from where the buffer left off, up to the body's end.
+                data = body.read1(READ_SIZE)
+                if not data:
+                    return
+            if data:
+                yield data
     except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
         log.warning("upstream %s went silent mid-stream", response.url)
         raise UpstreamTimeout("The model's upstream stopped sending mid-answer.") from None
@@ -155,60 +150,61 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
         raise UpstreamError("The connection to the model's upstream was lost.") from None
 
 
-class ChunkArrival:
-    """Tells whether the next HTTP chunk of a body has begun arriving: reading it will not wait.
+def plain_chunked_body(raw: urllib3.HTTPResponse) -> http.client.HTTPResponse | None:
+    """Return http.client's response under ``raw`` if its body is chunked and not encoded.
 
-    http.client reads a chunk as the end of the one before (CRLF), a size line, then its
-    data; each read waits for the network when the connection's buffer runs dry, so the
-    buffer must hold the first two and some data. Other bodies (a length, or none) are
-    read whole per call already, and an encoded one may wait inside its decoder: for
-    those ``of`` returns None.
+    Such a body is read by buffered_chunks_data, under urllib3 and http.client, whose
+    reads add to every HTTP chunk a size line's read, a context manager, a decoded-buffer
+    queue and byte accounting: most of what relaying one event cost. Any other body (a
+    length, none, an encoding to decode) is read through urllib3.
     """
+    body = raw._fp
+    if raw.headers.get("content-encoding") or not getattr(body, "chunked", False):
+        return None
+    return body
 
-    def __init__(self, body: Any, socket: Any) -> None:
-        # urllib3 keeps http.client's response, whose buffered reader and chunk state tell.
-        self.body = body
-        self.socket = socket
 
-    @classmethod
-    def of(cls, raw: urllib3.HTTPResponse) -> ChunkArrival | None:
-        """Return the arrival check of ``raw``'s body, None when it has none."""
-        body = raw._fp
-        socket = getattr(raw.connection, "sock", None)
-        if raw.headers.get("content-encoding") or not getattr(body, "chunked", False):
-            return None
-        return None if socket is None else cls(body, socket)
+def buffered_chunks_data(body: http.client.HTTPResponse) -> bytes | None:
+    """Consume the HTTP chunks ``body``'s buffer holds, waiting only if it is empty.
 
-    def next_chunk(self) -> bool:
-        """Whether the next chunk's size line and some of its data are here already."""
-        body = self.body
-        if body.fp is None:
-            return False
-        received = self.bytes_received(body.fp)
-        if body.chunk_left:
-            return bool(received)
-        if body.chunk_left == 0:
-            received = received[2:]
-        size_line, newline, data = received.partition(b"\n")
+    Returns their data (the start of a chunk whose end is still to come included), or
+    None when the buffer holds nothing to consume this way: a size line or a chunk's
+    CRLF cut by the network, the last chunk, a malformed line. http.client's own read
+    then takes the body on from there, since its chunk state (``chunk_left``: the bytes
+    left of the chunk being read, 0 while its CRLF is, None at a size line) is kept
+    exact here; it also reads the body's end, so the connection's release is unchanged.
+    """
+    buffered = body.fp.peek() if body.fp is not None else b""
+    left, position, end = body.chunk_left, 0, len(buffered)
+    pieces = []
+    while True:
+        if left:
+            taken = min(left, end - position)
+            pieces.append(buffered[position : position + taken])
+            position += taken
+            left -= taken
+            if left:
+                break
+        if left == 0:
+            if end - position < 2:
+                break
+            position += 2
+            left = None
+        newline = buffered.find(b"\n", position)
+        if newline < 0:
+            break
         try:
-            size = int(size_line.partition(b";")[0], 16)
+            size = int(buffered[position:newline].partition(b";")[0], 16)
         except ValueError:
-            return False
-        return bool(newline and data) and size > 0
-
-    def bytes_received(self, reader: Any) -> bytes:
-        """Return what ``reader`` holds or its socket has ready, without waiting for more."""
-        socket = self.socket
-        timeout = socket.gettimeout()
-        # With no timeout, a read that would wait ends at once: the reader's peek returns
-        # what is buffered, or what the socket has, or nothing (TLS raises instead).
-        socket.settimeout(0)
-        try:
-            return reader.peek()
-        except OSError:
-            return b""
-        finally:
-            socket.settimeout(timeout)
+            break
+        if size <= 0:
+            break
+        position, left = newline + 1, size
+    if not position:
+        return None
+    body.fp.read(position)
+    body.chunk_left = left
+    return b"".join(pieces)
 
 
 def release_response(response: requests.Response, *, complete: bool) -> None:

@@ -464,6 +464,60 @@ def test_an_encoded_stream_is_read_decoded():
     assert received == GzipStream.events
 
 
+class CraftedChunks(BaseHTTPRequestHandler):
+    """Streams its events in HTTP chunks framed every way the protocol allows, then again."""
+
+    protocol_version = "HTTP/1.1"
+    events = load_transcript("openai_chat_stream")[1]
+    # A chunk larger than a connection's read buffer, between two events in the middle.
+    big_comment = b": " + b"x" * 20_000 + b"\n\n"
+    half = events.index(b"\n\n", len(events) // 2) + 2
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        pieces = [self.events[: self.half], self.big_comment, self.events[self.half :]]
+        framed = b"".join(
+            b"%X;ext=%d\r\n%s\r\n" % (len(piece), index, piece)
+            for index, piece in enumerate(pieces)
+        )
+        framed += b"0\r\nX-Trailer: yes\r\n\r\n"
+        # Written so that size lines, data and CRLFs are cut between writes.
+        for start in range(0, len(framed), 1_000):
+            self.wfile.write(framed[start : start + 1_000])
+            self.wfile.flush()
+            time.sleep(0.001)
+
+    def log_message(self, *args: object) -> None:
+        """Keep the test's output quiet."""
+
+
+def test_chunk_extensions_large_chunks_and_trailers_are_read_and_the_connection_kept():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CraftedChunks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    adapter = make_adapter(f"http://127.0.0.1:{server.server_address[1]}/v1")
+    try:
+        chunks = [list(adapter.stream(chat(stream=True), TARGET)) for _ in range(2)]
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+        received = b"".join(received_chunks(requests.post(url, json={}, stream=True, timeout=5)))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    events, half = CraftedChunks.events, CraftedChunks.half
+    assert received == events[:half] + CraftedChunks.big_comment + events[half:]
+    for answer in chunks:
+        assert streamed_text(answer) == "Hello! How can I help you today?"
+        assert answer[-1].usage is not None
+    # Each stream's end, trailer included, was read: the second call reused the connection.
+    assert adapter.pool.poolmanager.pools._container, "no pooled connection"
+    (pool,) = adapter.pool.poolmanager.pools._container.values()
+    assert pool.num_connections == 1
+
+
 def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
     # Events 0-11 (the role, nine words, the finish, the usage) in one write, then [DONE].
     reply = Reply("openai_chat_stream", together=True, stall_after_events=12, stall_seconds=0.2)
