@@ -29,9 +29,18 @@ def dumps(value: Any) -> bytes:
     return bytes(memoryview(orjson.dumps(value, default=_default)))
 
 
-def loads(data: bytes | str) -> Any:
-    """Decode JSON; raises ``orjson.JSONDecodeError`` (a ValueError) when malformed."""
-    return orjson.loads(data)
+def dumps_transient(value: Any) -> bytes:
+    """Encode ``value`` like ``dumps``, for bytes that are copied at once and dropped.
+
+    Without dumps' copy: what is built from it (a framed stream event) holds only the
+    JSON, and orjson's buffer goes with the result.
+    """
+    return orjson.dumps(value, default=_default)
+
+
+# Decodes JSON; raises ``orjson.JSONDecodeError`` (a ValueError) when malformed. orjson's
+# own function: a wrapper would cost a call per relayed stream event.
+loads = orjson.loads
 
 
 class OrjsonProvider(JSONProvider):

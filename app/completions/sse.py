@@ -16,7 +16,7 @@ from typing import Any
 
 from flask import Response, current_app
 
-from app.encoding import dumps
+from app.encoding import dumps_transient
 from app.errors import APIError
 from app.observability.trace import current_trace
 
@@ -33,7 +33,7 @@ _END = object()
 
 def frame(body: dict[str, Any]) -> bytes:
     """Encode one event."""
-    return b"data: " + dumps(body) + b"\n\n"
+    return b"data: " + dumps_transient(body) + b"\n\n"
 
 
 def start_stream(chunks: Iterator[dict[str, Any] | None]) -> Iterator[dict[str, Any] | None]:

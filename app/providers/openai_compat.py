@@ -14,6 +14,7 @@ extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any
 
 import requests
@@ -42,6 +43,8 @@ MESSAGE_FIELDS = frozenset(
     ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
 )
 DONE = "[DONE]"
+# Read in C, per relayed chunk: whether any of its choices finished.
+_FINISH_REASON = itemgetter("finish_reason")
 OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 # Every OpenAI-compatible server reads max_tokens (vLLM, llama.cpp, Ollama, TGI, SGLang);
 # OpenAI's reasoning models want max_completion_tokens, set per upstream.
@@ -246,7 +249,7 @@ def relay_stream(response: requests.Response, fingerprint: str) -> Iterator[Chun
             usage = usage_from(raw_usage)
         if raw_choices := payload.get("choices"):
             choices = [delta_choice_from(choice) for choice in raw_choices]
-            finished = finished or any(choice["finish_reason"] for choice in choices)
+            finished = finished or any(map(_FINISH_REASON, choices))
             if isinstance(payload.get("system_fingerprint"), str):
                 fingerprint = payload["system_fingerprint"]
             yield Chunk(choices=choices, system_fingerprint=fingerprint, more=event.more)
