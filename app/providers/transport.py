@@ -153,9 +153,9 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
 def plain_chunked_body(raw: urllib3.HTTPResponse) -> http.client.HTTPResponse | None:
     """Return http.client's response under ``raw`` if its body is chunked and not encoded.
 
-    Such a body is read by buffered_chunks_data, under urllib3 and http.client, whose
+    Such a body is read by buffered_chunks_data, beneath urllib3 and http.client: their
     reads add to every HTTP chunk a size line's read, a context manager, a decoded-buffer
-    queue and byte accounting: most of what relaying one event cost. Any other body (a
+    queue and byte accounting, most of what relaying one event cost. Any other body (a
     length, none, an encoding to decode) is read through urllib3.
     """
     body = raw._fp
