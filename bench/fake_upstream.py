@@ -8,6 +8,9 @@ name picks the behaviour:
 - ``bench-fast``: the whole answer, or a stream of ``CHUNKS`` content chunks, usage and
   ``[DONE]`` in one write;
 - ``bench-slow``: the same after ``SLOW_SECONDS`` (a remote model's time to answer);
+- ``bench-drip``: the same stream, each chunk in a write of its own, ``DRIP_SECONDS``
+  apart, as a model sends its tokens while it generates them: every event a read of
+  its own at the other end;
 - ``bench-trickle``: a stream that sends one chunk now and one every ``TRICKLE_SECONDS``
   until ``TRICKLE_CHUNKS`` were sent or the caller hangs up (the memory benchmark).
 
@@ -23,6 +26,7 @@ import resource
 
 CHUNKS = 20
 SLOW_SECONDS = 0.05
+DRIP_SECONDS = 0.001
 TRICKLE_SECONDS = 10.0
 TRICKLE_CHUNKS = 120
 PROMPT_TOKENS, COMPLETION_TOKENS = 12, CHUNKS
@@ -154,7 +158,10 @@ class UpstreamProtocol(asyncio.Protocol):
         streamed = b'"stream":true' in body
         if b"bench-trickle" in body:
             self.busy = True
-            asyncio.ensure_future(self._trickle())
+            asyncio.ensure_future(self._send_apart(TRICKLE_CHUNKS, TRICKLE_SECONDS))
+        elif b"bench-drip" in body:
+            self.busy = True
+            asyncio.ensure_future(self._send_apart(CHUNKS, DRIP_SECONDS))
         elif b"bench-slow" in body:
             self.busy = True
             asyncio.get_running_loop().call_later(SLOW_SECONDS, self._send_later, streamed)
@@ -167,13 +174,13 @@ class UpstreamProtocol(asyncio.Protocol):
             self.transport.write(STREAM if streamed else WHOLE)
             self.data_received(b"")
 
-    async def _trickle(self) -> None:
+    async def _send_apart(self, chunks: int, seconds: float) -> None:
         self.transport.write(stream_head() + http_chunk(stream_event(0)))
-        for index in range(1, TRICKLE_CHUNKS):
-            await asyncio.sleep(TRICKLE_SECONDS)
+        for index in range(1, chunks):
+            await asyncio.sleep(seconds)
             if self.transport.is_closing():
                 return
-            last = index == TRICKLE_CHUNKS - 1
+            last = index == chunks - 1
             self.transport.write(http_chunk(stream_event(index, finish=last)))
         self.transport.write(stream_end())
         self.busy = False

@@ -100,6 +100,7 @@ def scenarios(concurrency: int) -> list[Scenario]:
     return [
         Scenario("whole c=1", "bench-fast", False, 1),
         Scenario("stream c=1", "bench-fast", True, 1),
+        Scenario("stream c=1, one event per read", "bench-drip", True, 1),
         Scenario(f"whole c={busy}", "bench-fast", False, busy),
         Scenario(f"stream c={busy}", "bench-fast", True, busy),
         Scenario(f"whole c={busy}, 50 ms upstream", "bench-slow", False, busy),
