@@ -14,9 +14,11 @@ own error text for a 401/403 into a message a caller can see.
 from __future__ import annotations
 
 import http.client
+import io
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from email.utils import parsedate_to_datetime
@@ -52,6 +54,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_POOL_SIZE = 100
 READ_SIZE = 64 * 1024
+# The read buffer a chunked stream keeps once its first read took what its head's read
+# had buffered: only http.client's own reads of the body's end still use it.
+STREAM_BUFFER_SIZE = 64
+# The longest size line or trailer line a chunked body may have: http.client's own bound.
+MAX_FRAMING_LINE = 65_536
+MAX_TRAILER_LINES = 100
 BODY_END_SECONDS = 0.1
 MAX_MESSAGE_CHARACTERS = 1_000
 REJECTED = frozenset({400, 413, 422})
@@ -133,14 +141,8 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
             while data := raw.read1(READ_SIZE, decode_content=True):
                 yield data
             return
-        while True:
-            data = buffered_chunks_data(body)
-            if data is None:
-                # http.client reads on from where the buffer left off, up to the body's end.
-                data = body.read1(READ_SIZE)
-                if not data:
-                    return
-            if data:
+        while not body.ended():
+            if data := body.data_of_next_read():
                 yield data
     except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
         log.warning("upstream %s went silent mid-stream", response.url)
@@ -150,61 +152,121 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
         raise UpstreamError("The connection to the model's upstream was lost.") from None
 
 
-def plain_chunked_body(raw: urllib3.HTTPResponse) -> http.client.HTTPResponse | None:
-    """Return http.client's response under ``raw`` if its body is chunked and not encoded.
+def plain_chunked_body(raw: urllib3.HTTPResponse) -> ChunkedBody | None:
+    """Return a ChunkedBody for ``raw``'s body if it is chunked and not encoded.
 
-    Such a body is read by buffered_chunks_data, beneath urllib3 and http.client: their
-    reads add to every HTTP chunk a size line's read, a context manager, a decoded-buffer
-    queue and byte accounting, most of what relaying one event cost. Any other body (a
-    length, none, an encoding to decode) is read through urllib3.
+    Such a body is decoded here, beneath urllib3 and http.client: their reads add to
+    every HTTP chunk a size line's read, a context manager, a decoded-buffer queue and
+    byte accounting, most of what relaying one event cost. Any other body (a length,
+    none, an encoding to decode) is read through urllib3.
     """
-    body = raw._fp
-    if raw.headers.get("content-encoding") or not getattr(body, "chunked", False):
+    body, sock = raw._fp, getattr(raw.connection, "sock", None)
+    if raw.headers.get("content-encoding") or not getattr(body, "chunked", False) or not sock:
         return None
-    return body
+    return ChunkedBody(body, sock)
 
 
-def buffered_chunks_data(body: http.client.HTTPResponse) -> bytes | None:
-    """Consume the HTTP chunks ``body``'s buffer holds, waiting only if it is empty.
+class ChunkedBody:
+    """Decodes a chunked body from its socket's reads, keeping http.client's state exact.
 
-    Returns their data (the start of a chunk whose end is still to come included), or
-    None when the buffer holds nothing to consume this way: a size line or a chunk's
-    CRLF cut by the network, the last chunk, a malformed line. http.client's own read
-    then takes the body on from there, since its chunk state (``chunk_left``: the bytes
-    left of the chunk being read, 0 while its CRLF is, None at a size line) is kept
-    exact here; it also reads the body's end, so the connection's release is unchanged.
+    The first read takes what http.client's buffer holds (the start of the body, read
+    with the head) and swaps that 8 KB buffer, which would otherwise live as long as the
+    stream, for one of STREAM_BUFFER_SIZE; every other read is one ``recv`` of the
+    socket, which holds no buffer while it waits. A held stream so keeps no read buffer
+    at all: with http.client's, it was the largest part of what one costs.
+
+    Between reads, http.client's chunk state (``chunk_left``: the bytes left of the
+    chunk being read, 0 while its CRLF is, None at a size line) says where the body
+    stands, so that its own read can take the body on (``body_finished``). A read that
+    ends inside a size line, a CRLF or the trailer is followed by the next at once: the
+    state could not say so, and an upstream writes a chunk's framing with its data. The
+    body's end, trailer included, closes the response as http.client does, which lets
+    the connection go back to its pool.
     """
-    buffered = body.fp.peek() if body.fp is not None else b""
-    left, position, end = body.chunk_left, 0, len(buffered)
-    pieces = []
-    while True:
-        if left:
-            taken = min(left, end - position)
-            pieces.append(buffered[position : position + taken])
-            position += taken
-            left -= taken
+
+    def __init__(self, response: http.client.HTTPResponse, sock: socket.socket) -> None:
+        self.response = response
+        self.sock = sock
+        self.buffered = True
+        self.left: int | None = response.chunk_left
+        # Trailer lines read, once the last chunk's size line was: None before.
+        self.trailer_lines: int | None = None
+        self.cut = b""
+
+    def ended(self) -> bool:
+        """Tell whether the body's end was read."""
+        return self.response.isclosed()
+
+    def data_of_next_read(self) -> bytes:
+        """Read on until the state is whole again; return the chunk data read."""
+        pieces: list[bytes] = []
+        while True:
+            read = self._read()
+            pieces.append(self._take(self.cut + read if self.cut else read))
+            if self.ended() or not (self.cut or self.trailer_lines is not None):
+                break
+            if len(self.cut) > MAX_FRAMING_LINE:
+                raise http.client.LineTooLong("chunk size or trailer line")
+            if (self.trailer_lines or 0) > MAX_TRAILER_LINES:
+                raise http.client.HTTPException("more than 100 trailer lines")
+        self.response.chunk_left = self.left
+        return b"".join(pieces)
+
+    def _read(self) -> bytes:
+        if self.buffered:
+            fp = self.response.fp
+            # http.client's file buffers io.DEFAULT_BUFFER_SIZE: read1 takes all it
+            # holds, or, if it holds nothing, reads the socket once.
+            read = fp.read1(io.DEFAULT_BUFFER_SIZE)
+            self.response.fp = io.BufferedReader(fp.detach(), STREAM_BUFFER_SIZE)
+            self.buffered = False
+        else:
+            read = self.sock.recv(READ_SIZE)
+        if not read:
+            raise http.client.IncompleteRead(b"")
+        return read
+
+    def _take(self, buffer: bytes) -> bytes:
+        """Consume ``buffer``; return its chunk data; keep a line it cuts in ``cut``."""
+        pieces = []
+        position, end, left = 0, len(buffer), self.left
+        while position < end:
             if left:
+                taken = min(left, end - position)
+                pieces.append(buffer[position : position + taken])
+                position += taken
+                left -= taken
+                continue
+            if left == 0:
+                if end - position < 2:
+                    break
+                position, left = position + 2, None
+                continue
+            newline = buffer.find(b"\n", position)
+            if newline < 0:
                 break
-        if left == 0:
-            if end - position < 2:
-                break
-            position += 2
-            left = None
-        newline = buffered.find(b"\n", position)
-        if newline < 0:
-            break
-        try:
-            size = int(buffered[position:newline].partition(b";")[0], 16)
-        except ValueError:
-            break
-        if size <= 0:
-            break
-        position, left = newline + 1, size
-    if not position:
-        return None
-    body.fp.read(position)
-    body.chunk_left = left
-    return b"".join(pieces)
+            line, position = buffer[position:newline], newline + 1
+            if self.trailer_lines is not None:
+                self.trailer_lines += 1
+                if not line.strip():
+                    # The body's end: what may follow is not this response's.
+                    self.response._close_conn()
+                    position = end
+            elif (left := chunk_size(line)) == 0:
+                self.trailer_lines, left = 0, None
+        self.cut, self.left = buffer[position:], left
+        return b"".join(pieces)
+
+
+def chunk_size(line: bytes) -> int:
+    """Return the size a chunk's size line gives; raise IncompleteRead if it gives none."""
+    try:
+        size = int(line.partition(b";")[0], 16)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise http.client.IncompleteRead(b"")
+    return size
 
 
 def release_response(response: requests.Response, *, complete: bool) -> None:
