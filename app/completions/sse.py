@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
-from flask import Response, current_app
+from flask import Flask, Response, current_app
 
 from app.encoding import dumps_transient
 from app.errors import APIError
@@ -28,7 +29,6 @@ STREAM_HEADERS = {
     # nginx buffers proxied responses unless told not to, which would hold every token.
     "X-Accel-Buffering": "no",
 }
-_END = object()
 
 
 def frame(body: dict[str, Any]) -> bytes:
@@ -36,76 +36,75 @@ def frame(body: dict[str, Any]) -> bytes:
     return b"data: " + dumps_transient(body) + b"\n\n"
 
 
-def start_stream(chunks: Iterator[dict[str, Any] | None]) -> Iterator[dict[str, Any] | None]:
-    """Pull the first chunk now, so that failures before any byte raise to the view."""
-    first = next(chunks, _END)
-    while first is None:
-        # Nothing to send yet: a failure before the first chunk is still the view's.
-        first = next(chunks, _END)
+def event_stream_response(chunks: Iterator[dict[str, Any] | None]) -> Response:
+    """Stream ``chunks`` as a response, with the headers that keep proxies from buffering.
 
-    def resumed() -> Iterator[dict[str, Any] | None]:
-        if first is not _END:
-            yield first
-        yield from chunks
+    The first chunk is pulled here, so that failures before any byte raise to the view.
+    """
+    first = first_chunk(chunks)
+    return Response(
+        write_events(chunks, first, current_app._get_current_object()),
+        mimetype="text/event-stream",
+        headers=STREAM_HEADERS,
+        # The events are bytes already: werkzeug's encoding of each would only add two
+        # levels of iteration to every held stream's stack.
+        direct_passthrough=True,
+    )
 
-    return resumed()
+
+def first_chunk(chunks: Iterator[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Return the first chunk of ``chunks``, or None if they end without one."""
+    for chunk in chunks:
+        # A None only says that the next chunk may wait: it does not start the stream.
+        if chunk is not None:
+            return chunk
+    return None
 
 
-def write_events(chunks: Iterator[dict[str, Any] | None]) -> Iterator[bytes]:
-    """Frame ``chunks`` as events, end with ``[DONE]``, and close ``chunks`` however it ends.
+def write_events(
+    chunks: Iterator[dict[str, Any] | None],
+    first: dict[str, Any] | None = None,
+    app: Flask | None = None,
+) -> Iterator[bytes]:
+    """Frame ``first``, then ``chunks``, as events; end with ``[DONE]``; close ``chunks``.
 
     The first event goes out at once: it starts the caller's answer. The others are
     joined into one item (one socket send) until a None among the chunks says that the
     next may wait, and at the end.
+
+    With ``app``, all of it runs in an app context of its own, once the view has
+    returned: what runs as the stream goes (its settlement, at the end or when the
+    caller leaves) needs the app and its database session, not the request. Keeping the
+    request's context alive instead, as ``stream_with_context`` does, would hold its
+    request object, headers and body for as long as the stream lasts, thousands of
+    times over; for the same reason nothing already sent stays referenced here.
     """
-    framed: list[bytes] = []
+    framed = [] if first is None else [frame(first)]
+    del first
     started = False
-    try:
+    with nullcontext() if app is None else app.app_context():
         try:
-            for chunk in chunks:
-                if chunk is not None:
-                    framed.append(frame(chunk))
-                if framed and (chunk is None or not started):
+            try:
+                if framed:
                     started = True
-                    events = b"".join(framed)
-                    framed.clear()
-                    yield events
-        except APIError as error:
-            current_trace().error_code = error.code
-            framed.append(frame(error.to_envelope()))
-        except Exception:
-            log.exception("stream failed after it started")
-            current_trace().error_code = "server_error"
-            framed.append(frame(APIError(code="server_error").to_envelope()))
-        framed.append(DONE)
-        yield b"".join(framed)
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-
-
-def event_stream_response(chunks: Iterator[dict[str, Any] | None]) -> Response:
-    """Stream ``chunks`` as a response, with the headers that keep proxies from buffering."""
-    return Response(
-        in_app_context(write_events(start_stream(chunks))),
-        mimetype="text/event-stream",
-        headers=STREAM_HEADERS,
-    )
-
-
-def in_app_context(body: Iterator[bytes]) -> Iterator[bytes]:
-    """Iterate ``body`` in an app context of its own, once the view has returned.
-
-    What runs as the stream goes (its settlement, at the end) needs the app and its
-    database session, not the request: keeping the request's context alive instead, as
-    ``stream_with_context`` does, would hold its request object, headers and body for
-    as long as the stream lasts, thousands of times over.
-    """
-    app = current_app._get_current_object()
-
-    def iterated() -> Iterator[bytes]:
-        with app.app_context():
-            yield from body
-
-    return iterated()
+                    yield framed.pop()
+                for chunk in chunks:
+                    if chunk is not None:
+                        framed.append(frame(chunk))
+                    if framed and (chunk is None or not started):
+                        started = True
+                        yield b"".join(framed)
+                        framed.clear()
+            except APIError as error:
+                current_trace().error_code = error.code
+                framed.append(frame(error.to_envelope()))
+            except Exception:
+                log.exception("stream failed after it started")
+                current_trace().error_code = "server_error"
+                framed.append(frame(APIError(code="server_error").to_envelope()))
+            framed.append(DONE)
+            yield b"".join(framed)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()

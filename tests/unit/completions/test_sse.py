@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from app.completions.sse import DONE, start_stream, write_events
+from app.completions.sse import DONE, first_chunk, write_events
 from app.errors import APIError
 from app.providers.errors import UpstreamError
 
@@ -116,7 +116,7 @@ def test_errors_before_the_first_chunk_raise_to_the_caller():
         yield  # pragma: no cover
 
     with pytest.raises(APIError):
-        start_stream(chunks())
+        first_chunk(chunks())
 
 
 def test_a_none_before_the_first_chunk_does_not_start_the_stream():
@@ -125,8 +125,33 @@ def test_a_none_before_the_first_chunk_does_not_start_the_stream():
         raise APIError("no upstream")
 
     with pytest.raises(APIError):
-        start_stream(chunks())
+        first_chunk(chunks())
 
 
-def test_start_stream_keeps_the_first_chunk():
-    assert list(start_stream(iter([1, 2, 3]))) == [1, 2, 3]
+def test_the_first_chunk_is_the_first_that_is_not_none():
+    chunks = iter([None, {"a": 1}, None, {"a": 2}])
+
+    assert first_chunk(chunks) == {"a": 1}
+    assert list(chunks) == [None, {"a": 2}]
+
+
+def test_chunks_that_end_before_any_have_no_first_and_send_only_done():
+    assert first_chunk(iter([None, None])) is None
+    assert list(write_events(iter([]), None)) == [DONE]
+
+
+def test_a_first_chunk_pulled_before_goes_out_at_once_then_the_others_as_they_come():
+    pulled = []
+
+    def chunks():
+        pulled.append("the next read")
+        yield {"a": 2}
+        yield {"a": 3}
+        yield None
+
+    writer = write_events(chunks(), {"a": 1})
+
+    assert next(writer) == b'data: {"a":1}\n\n'
+    assert pulled == []
+    assert next(writer) == b'data: {"a":2}\n\ndata: {"a":3}\n\n'
+    assert next(writer) == DONE
