@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
@@ -47,13 +48,12 @@ def read_events(reads: Iterable[bytes]) -> Iterator[ServerSentEvent]:
     Every event but the last that a read completes says ``more``.
     """
     builder = EventBuilder()
-    rest = b""
-    for read in reads:
-        lines, rest = split_lines(rest + read)
-        yield from builder.take(lines)
+    # Mapped, not looped over: a loop's variables would keep the last read and its lines
+    # for as long as the stream waits for the next.
+    yield from chain.from_iterable(map(builder.take_read, reads))
     # A CR held back at the end still ends its line; an event without its blank line is
     # unfinished and dropped, as the rules say.
-    yield from builder.take(split_lines(rest + b"\n")[0])
+    yield from builder.take_read(b"\n")
 
 
 class EventBuilder:
@@ -62,6 +62,13 @@ class EventBuilder:
     def __init__(self) -> None:
         self.event = ""
         self.data: list[str] = []
+        # The start of a line whose end is in a later read.
+        self.rest = b""
+
+    def take_read(self, read: bytes) -> list[ServerSentEvent]:
+        """Apply the lines ``read`` completes; return every event they complete."""
+        lines, self.rest = split_lines(self.rest + read)
+        return self.take(lines)
 
     def take(self, lines: list[bytes]) -> list[ServerSentEvent]:
         """Apply ``lines``; return every event they complete, all but the last with ``more``."""

@@ -189,9 +189,17 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the upstream's chunks as they arrive, then its usage if it sent one."""
         response = self.call(request, target)
+        relay = StreamRelay(self.fingerprint(target))
         complete = False
         try:
-            yield from relay_stream(response, self.fingerprint(target))
+            # Each event is relayed by a call, not in this loop's body, whose variables
+            # would keep the last event for as long as the stream waits for the next.
+            for chunk in map(relay.chunk_for, read_events(received_chunks(response))):
+                if chunk is not None:
+                    yield chunk
+                if relay.done:
+                    break
+            yield from relay.last_chunks()
             complete = True
         finally:
             # Also when the caller went away: closing drops the connection, which stops
@@ -229,39 +237,57 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         )
 
 
-def relay_stream(response: requests.Response, fingerprint: str) -> Iterator[Chunk]:
-    """Turn an OpenAI-compatible event stream into chunks, usage last.
+class StreamRelay:
+    """Turns an OpenAI-compatible stream's events into chunks, one call each, usage last.
 
     Usage may come on a chunk of its own (OpenAI, vLLM) or on the last chunk with choices;
-    either way it is yielded after every choice. A stream that ends without ``[DONE]``
+    either way it is relayed after every choice. A stream that ends without ``[DONE]``
     is complete only if it finished its choices. Chunks carry the upstream's
-    system_fingerprint, or ``fingerprint`` when it sends none, and say ``more`` while
+    system_fingerprint, or the gateway's when it sends none, and say ``more`` while
     their upstream read has more events.
     """
-    usage: Usage | None = None
-    finished = held = False
-    for event in read_events(received_chunks(response)):
+
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
+        self.usage: Usage | None = None
+        # Every choice finished, or [DONE] came; done: [DONE] came, nothing is left to read.
+        self.finished = self.done = False
+        # The last chunk relayed said more, and no chunk since has ended its read.
+        self.held = False
+
+    def chunk_for(self, event: ServerSentEvent) -> Chunk | None:
+        """Return the chunk to relay for ``event``, if any."""
         if event.data == DONE:
-            finished = True
-            break
+            self.finished = self.done = True
+            return None
         payload = event_payload(event)
         if isinstance(raw_usage := payload.get("usage"), dict):
-            usage = usage_from(raw_usage)
+            self.usage = usage_from(raw_usage)
         if raw_choices := payload.get("choices"):
             choices = [delta_choice_from(choice) for choice in raw_choices]
-            finished = finished or any(map(_FINISH_REASON, choices))
+            self.finished = self.finished or any(map(_FINISH_REASON, choices))
             if isinstance(payload.get("system_fingerprint"), str):
-                fingerprint = payload["system_fingerprint"]
-            yield Chunk(choices=choices, system_fingerprint=fingerprint, more=event.more)
-            held = event.more
-        elif held and not event.more:
+                self.fingerprint = payload["system_fingerprint"]
+            self.held = event.more
+            return Chunk(choices=choices, system_fingerprint=self.fingerprint, more=event.more)
+        if self.held and not event.more:
             # The read ends on an event without choices: what came before it goes now.
-            yield Chunk(choices=[], system_fingerprint=fingerprint)
-            held = False
-    if not finished:
-        raise UpstreamError("The model's upstream ended the answer early.")
-    if usage is not None:
-        yield Chunk(choices=[], usage=usage, system_fingerprint=fingerprint)
-    elif held:
-        # Releasing the connection may wait for the body's end: the last chunks go first.
-        yield Chunk(choices=[], system_fingerprint=fingerprint)
+            self.held = False
+            return Chunk(choices=[], system_fingerprint=self.fingerprint)
+        return None
+
+    def last_chunks(self) -> list[Chunk]:
+        """Return what follows the events: the usage, if the upstream sent it.
+
+        Without usage, an empty chunk sends what a read left held: releasing the
+        connection may wait for the body's end, and the last chunks go first.
+
+        :raise UpstreamError: the stream ended before its choices finished.
+        """
+        if not self.finished:
+            raise UpstreamError("The model's upstream ended the answer early.")
+        if self.usage is not None:
+            return [Chunk(choices=[], usage=self.usage, system_fingerprint=self.fingerprint)]
+        if self.held:
+            return [Chunk(choices=[], system_fingerprint=self.fingerprint)]
+        return []

@@ -174,6 +174,7 @@ def stream_on_routes(
     first, rest = _on_routes(routes, start, trace)
     try:
         yield first
+        del first  # a waiting stream keeps no chunk it has passed on
         yield from rest
     finally:
         close = getattr(rest, "close", None)

@@ -132,7 +132,8 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
 
     A read hands over what the socket has, where ``iter_content`` would wait for a whole
     chunk size (or, without chunked encoding, for the end of the body). Every event that
-    arrived in one piece is in one item, so that they can leave the gateway together.
+    arrived in one piece is in one item, so that they can leave the gateway together. An
+    item may be empty: a read of a chunked body's framing alone.
     """
     raw = response.raw
     body = plain_chunked_body(raw)
@@ -142,8 +143,8 @@ def received_chunks(response: requests.Response) -> Iterator[bytes]:
                 yield data
             return
         while not body.ended():
-            if data := body.data_of_next_read():
-                yield data
+            # Yielded unnamed, so that a waiting stream keeps no read it has passed on.
+            yield body.data_of_next_read()
     except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
         log.warning("upstream %s went silent mid-stream", response.url)
         raise UpstreamTimeout("The model's upstream stopped sending mid-answer.") from None
