@@ -380,6 +380,9 @@ class HttpUpstreamAdapter(Adapter):
             if isinstance(error, UpstreamError):
                 error.upstream_status = response.status_code
             raise error
+        # A streamed response lives as long as the answer: it need not keep what was
+        # sent (the body and its headers), thousands of times over.
+        response.request = None
         return response
 
     def read_json(self, response: requests.Response) -> dict[str, Any]:
