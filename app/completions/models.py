@@ -49,7 +49,7 @@ class Generation(db.Model):
     latency_ms: Mapped[int] = mapped_column(Integer, default=0)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     # The X-Request-Id of the request that ran it, to find its log lines.
-    request_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    request_id: Mapped[str | None] = mapped_column(String(128))
     time_to_first_token_ms: Mapped[int | None] = mapped_column(Integer)
     # Each upstream call: [{"upstream", "outcome", "duration_ms"}], in order.
     upstream_attempts = mapped_column(JSON, nullable=True)
