@@ -326,11 +326,31 @@ class StreamTranslation:
     Tool-call indexes count tool_use blocks (0, 1, ...), whatever their block index.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
         self.usage: dict[str, Any] = {}
         self.tool_indexes: dict[int, int] = {}
         self.thinking: list[str] = []
         self.finished = False
+        # The last chunk relayed said more, and no chunk since has ended its read.
+        self.held = False
+
+    def relay(self, event: ServerSentEvent) -> Chunk | None:
+        """Return the chunk to relay for ``event``, saying whether its read has more.
+
+        A read that ends on an event with nothing to relay (a ping, a block's end) gets
+        an empty chunk, so that what came before it goes now; the end of the message
+        needs none, the usage follows at once.
+        """
+        chunk = self.chunk_for(event)
+        if chunk is not None:
+            chunk.system_fingerprint = self.fingerprint
+            chunk.more = self.held = event.more
+            return chunk
+        if self.held and not event.more and not self.finished:
+            self.held = False
+            return Chunk(choices=[], system_fingerprint=self.fingerprint)
+        return None
 
     def chunk_for(self, event: ServerSentEvent) -> Chunk | None:
         """Return the chunk an event stands for, if any; raise on an error event."""
@@ -468,29 +488,22 @@ class AnthropicAdapter(HttpUpstreamAdapter):
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the translated events as they arrive, then the usage."""
         response = self.call(request, target)
-        translation = StreamTranslation()
-        fingerprint = self.fingerprint(target)
-        held = False
+        translation = StreamTranslation(self.fingerprint(target))
         try:
-            for event in read_events(received_chunks(response)):
-                if chunk := translation.chunk_for(event):
-                    chunk.system_fingerprint = fingerprint
-                    chunk.more = held = event.more
+            # Each event is relayed by a call, not in this loop's body, whose variables
+            # would keep the last event for as long as the stream waits for the next.
+            for chunk in map(translation.relay, read_events(received_chunks(response))):
+                if chunk is not None:
                     yield chunk
                 if translation.finished:
                     break
-                if held and not event.more:
-                    # The read ends on an event with nothing to relay (a ping, a block's
-                    # end): what came before it goes now.
-                    yield Chunk(choices=[], system_fingerprint=fingerprint)
-                    held = False
             else:
                 raise UpstreamError("The model's upstream ended the answer early.")
             # Yielded before the connection's release, which may wait for the body's end.
             yield Chunk(
                 choices=[],
                 usage=self.stream_usage(translation, target),
-                system_fingerprint=fingerprint,
+                system_fingerprint=translation.fingerprint,
             )
         finally:
             # Also when the caller went away: the upstream stops generating at once.
