@@ -41,7 +41,9 @@ from bench.run import (  # noqa: E402
     Target,
     bench_catalog,
     free_port,
+    machine_speed_line,
     measure_rounds,
+    python_loop_seconds,
     raise_open_files_limit,
     running,
     scenarios,
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = chosen_scenarios(args)
     raise_open_files_limit()
+    speed_before = python_loop_seconds()
     with tempfile.TemporaryDirectory(prefix="compare-") as folder, ExitStack() as stack:
         scratch = Path(folder)
         base = stack.enter_context(worktree(args.base, scratch / "base"))
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = start(stack, scratch, port, gateways, databases)
         rounds = measure_rounds(targets, plan, args, upstream.pid)
     print("\n".join(table(rounds, plan, [target.name for target in targets])))
+    print(f"\n{machine_speed_line(speed_before, python_loop_seconds())}")
     failed = sum(figures.errors for values in rounds.values() for figures in values)
     return 1 if failed else 0
 

@@ -45,6 +45,11 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 # Each server: gunicorn worker processes, and gevent connections per worker.
 WORKERS, CONNECTIONS = 2, 1000
 PROMPT = [{"role": "user", "content": "Say hello in twenty words, one at a time."}]
+# A fixed piece of Python work timed before and after a run: this machine kind's speed
+# varies from day to day (the same loop has taken 0.57 s on a quiet day, 1.7 s on a
+# slowed one), which moves every absolute figure and the ratios with them; the line
+# says which kind of day a run's figures come from.
+SPEED_PROBE_ADDITIONS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -398,6 +403,23 @@ def median_figures(rounds: list[Figures]) -> Figures:
     return Figures(**medians, errors=sum(figures.errors for figures in rounds))
 
 
+def python_loop_seconds(additions: int = SPEED_PROBE_ADDITIONS) -> float:
+    """Return the CPU seconds this process takes to add up ``additions`` integers in Python."""
+    started = time.process_time()
+    total = 0
+    for number in range(additions):
+        total += number
+    return time.process_time() - started
+
+
+def machine_speed_line(before: float, after: float) -> str:
+    """Say how fast the machine ran, measured by the same loop before and after a run."""
+    return (
+        f"machine speed: {SPEED_PROBE_ADDITIONS:,} Python additions took {before:.2f} s of CPU "
+        f"before the run, {after:.2f} s after"
+    )
+
+
 def ratio(own: float, floor: float) -> str:
     """Format ``own / floor``; a dash when the floor measured nothing (too few requests)."""
     return f"{own / floor:.2f}" if floor else "-"
@@ -527,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print its tables; return 1 if any request failed."""
     args = parse_args(argv)
     raise_open_files_limit(args.streams)
+    speed_before = python_loop_seconds()
     scratch = Path(tempfile.mkdtemp(prefix="bench-"))
     port, log = free_port(), scratch / "upstream.log"
     with running(upstream_command(port), dict(os.environ), port, log) as process:
@@ -534,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         lines, errors = run_throughput(args, scratch, upstream)
         if args.streams:
             lines += ["", *run_memory(args, scratch, upstream)]
+    lines += ["", machine_speed_line(speed_before, python_loop_seconds())]
     print("\n".join(lines))
     print(f"server logs: {scratch}", file=sys.stderr)
     return 1 if errors else 0

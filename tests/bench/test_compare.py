@@ -7,7 +7,7 @@ import sys
 
 from bench.compare import table
 from bench.run import Figures, Scenario
-from tests.bench.test_run import ROOT, table_rows
+from tests.bench.test_run import ROOT, assert_machine_speed_reported, table_rows
 
 
 def worktrees() -> str:
@@ -41,6 +41,7 @@ def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds(database_
     # CPU is read in ticks of 10 ms: a round of six requests may measure none ("-").
     assert rows[0][2] in ("1.00", "-") and rows[0][4] == "100%" and rows[0][6] == "+0.00"
     assert worktrees() == before, "the base's worktree was left behind"
+    assert_machine_speed_reported(done.stdout)
 
 
 def figures(cpu_us: float, rps: float, ttfb_ms: float = 1) -> Figures:

@@ -6,11 +6,12 @@ scenario of each target and the memory benchmark produced a row without failed r
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.run import busiest_share, ratio, scenarios
+from bench.run import busiest_share, python_loop_seconds, ratio, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONCURRENCY = 3
@@ -53,6 +54,24 @@ def test_the_harness_reports_every_scenario_of_every_target(database_url):
         assert 50 <= int(row[-2].rstrip("%")) <= 100, row
     memory = table_rows(done.stdout.split("\n\n", 1)[1], 6)
     assert [(row[0], row[1]) for row in memory] == [("floor", "8"), ("gateway-sqlite", "8")]
+    assert_machine_speed_reported(done.stdout)
+
+
+def assert_machine_speed_reported(output: str) -> None:
+    """Check the run's last line: the speed loop's CPU seconds, before and after."""
+    last = output.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"machine speed: 10,000,000 Python additions took (\d+\.\d\d) s of CPU "
+        r"before the run, (\d+\.\d\d) s after",
+        last,
+    )
+    assert match, last
+    assert all(float(seconds) > 0 for seconds in match.groups())
+
+
+def test_the_speed_loop_takes_longer_for_more_additions():
+    # A fixed amount of work: ten times the additions takes several times the CPU.
+    assert python_loop_seconds(2_000_000) > 3 * python_loop_seconds(200_000) > 0
 
 
 def test_the_busiest_worker_share_is_of_what_the_workers_used_meanwhile():
