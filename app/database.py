@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections import deque, namedtuple
@@ -30,6 +29,7 @@ from sqlalchemy.types import TypeDecorator
 from app.credits.pricing import MONEY_QUANTUM, to_money
 from app.extensions import db
 from app.observability import metrics
+from app.process import process_id
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ class SQLiteWriter:
         self.most_per_commit = most_per_commit
         self._queue: deque[QueuedWrite] = deque()
         self._held: Connection | None = None
-        self._held_by = os.getpid()
+        self._held_by = process_id()
         # A gevent lock in a worker: gunicorn's configuration patches threading first.
         self._turn = threading.Lock()
 
@@ -326,12 +326,12 @@ class SQLiteWriter:
         leaves its parent's connection alone and opens its own.
         """
         held = self._held
-        if self._held_by != os.getpid():
+        if self._held_by != process_id():
             self.engine.dispose(close=False)
             held = None
         if held is None or held.invalidated or held.closed:
             held = self._held = self.engine.connect()
-            self._held_by = os.getpid()
+            self._held_by = process_id()
         return held
 
     def _next_group(self) -> list[QueuedWrite]:
@@ -442,13 +442,13 @@ class KeptConnections:
         self.idle_seconds = idle_seconds
         self._kept: list[tuple[Connection, float]] = []
         self._checked_out = 0
-        self._pid = os.getpid()
+        self._pid = process_id()
 
     def take(self) -> Connection:
         """Return a kept connection that is still good, else one from the pool."""
-        if self._pid != os.getpid():
+        if self._pid != process_id():
             # A forked child: its parent's connections are not its own.
-            self._pid, self._kept, self._checked_out = os.getpid(), [], 0
+            self._pid, self._kept, self._checked_out = process_id(), [], 0
             self.engine.dispose(close=False)
         while self._kept:
             connection, kept_since = self._kept.pop()

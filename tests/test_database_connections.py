@@ -307,7 +307,7 @@ def test_a_forked_process_keeps_none_of_its_parents_connections(postgres_url, mo
     app = app_pinging_after(postgres_url, idle_seconds=10)
     with app.app_context():
         parents = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})
-        monkeypatch.setattr(app_database.os, "getpid", lambda: -1)
+        monkeypatch.setattr(app_database, "process_id", lambda: -1)
         childs = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})
 
     assert parents != childs

@@ -25,7 +25,6 @@ cost of a round trip.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,6 +36,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import Engine
 
 from app.database import AUTOCOMMIT_ENGINE
+from app.process import process_id
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class CallerCache:
         self._clock = clock
         self._entries: dict[str, tuple[float, Remembered]] = {}
         self._listener: Any = None
-        self._pid = os.getpid()
+        self._pid = process_id()
         self._retry_at = 0.0
         # How many times everything was forgotten: a lookup that began before a change
         # must not be remembered after it.
@@ -130,9 +130,9 @@ class CallerCache:
 
     def _read_changes(self) -> int | None:
         """Read the notifications that arrived; None while not listening (remember nothing)."""
-        if self._pid != os.getpid():
+        if self._pid != process_id():
             # A forked child: the parent's connection and callers are not its own.
-            self._pid, self._listener, self._entries = os.getpid(), None, {}
+            self._pid, self._listener, self._entries = process_id(), None, {}
             self._retry_at = 0.0
         if self._listener is None and not self._listen():
             return None

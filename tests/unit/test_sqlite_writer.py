@@ -174,7 +174,7 @@ def test_a_forked_process_writes_on_a_connection_of_its_own(database, monkeypatc
 
     writer.run(note_on("parent"))
     writer.run(note_on("parent again"))
-    monkeypatch.setattr(app_database.os, "getpid", lambda: -1)
+    monkeypatch.setattr(app_database, "process_id", lambda: -1)
     writer.run(note_on("child"))
 
     assert used[0] is used[1] and used[2] is not used[0]

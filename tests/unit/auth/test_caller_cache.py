@@ -198,7 +198,7 @@ def test_a_forked_process_starts_with_its_own_listener_and_no_callers(world, mon
     cache, listeners, lookups, look_up, _ = world
     cache.find("d1", look_up)
 
-    monkeypatch.setattr(caller_cache.os, "getpid", lambda: -1)
+    monkeypatch.setattr(caller_cache, "process_id", lambda: -1)
     cache.find("d1", look_up)
 
     assert lookups == ["d1", "d1"] and len(listeners) == 2
