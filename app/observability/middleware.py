@@ -84,8 +84,7 @@ def stamp_headers(trace: RequestTrace, headers: list[tuple[str, str]]) -> None:
     """Add the request id to the response and, to a stream's, count the stream open."""
     headers.append((REQUEST_ID_HEADER, trace.request_id))
     trace.streamed = any(
-        name.lower() == "content-type" and value.startswith(EVENT_STREAM)
-        for name, value in headers
+        name.lower() == "content-type" and value.startswith(EVENT_STREAM) for name, value in headers
     )
     trace.overhead = trace.overhead_seconds()
     headers.append((OVERHEAD_HEADER, f"{trace.overhead * 1000:.1f}"))

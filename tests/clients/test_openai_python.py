@@ -70,7 +70,7 @@ def test_sync_completion_reports_its_cost(client):
     assert reply.choices[0].message.content.startswith("Hello")
     assert isinstance(reply.system_fingerprint, str)
     usage = reply.usage
-    expected = (usage.prompt_tokens * Decimal("0.50") + usage.completion_tokens * Decimal("1.50"))
+    expected = usage.prompt_tokens * Decimal("0.50") + usage.completion_tokens * Decimal("1.50")
     assert cost_of(usage) == expected / 1_000_000
 
 

@@ -96,13 +96,16 @@ def running_nginx(folder: Path, gunicorn_url: str) -> Iterator[str]:
 def proxied(app, database_url, tmp_path_factory):
     """Nginx in front of gunicorn; yields (nginx URL, gunicorn URL, gunicorn's log)."""
     folder = tmp_path_factory.mktemp("nginx")
-    with running_server(
-        database_url,
-        folder,
-        LOG_FORMAT="json",
-        PROXY_HOPS="1",
-        FORWARDED_ALLOW_IPS=PROXY_ADDRESS,
-    ) as server, running_nginx(folder, server.url) as url:
+    with (
+        running_server(
+            database_url,
+            folder,
+            LOG_FORMAT="json",
+            PROXY_HOPS="1",
+            FORWARDED_ALLOW_IPS=PROXY_ADDRESS,
+        ) as server,
+        running_nginx(folder, server.url) as url,
+    ):
         yield url, server.url, next(folder.glob("gunicorn-*.log"))
 
 

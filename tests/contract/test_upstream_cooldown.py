@@ -103,9 +103,7 @@ def cooldown_seconds_left(server, upstream: str) -> float:
     raise AssertionError(f"no cooldown gauge for {upstream}")
 
 
-@pytest.mark.parametrize(
-    "shared", [False, True], ids=["per-worker", "shared-through-redis"]
-)
+@pytest.mark.parametrize("shared", [False, True], ids=["per-worker", "shared-through-redis"])
 def test_a_failing_first_route_is_skipped_until_its_cooldown_ends(
     database_url, tmp_path, make_funded_key, refusing, replay, shared
 ):
