@@ -18,6 +18,7 @@ import io
 import logging
 import math
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -26,8 +27,10 @@ from typing import Any, ClassVar
 
 import requests
 import urllib3
+from gevent import monkey
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
+from urllib3.connection import HTTPConnection, HTTPSConnection
 
 from app.encoding import dumps, loads
 from app.observability.trace import REQUEST_ID_HEADER, current_request_id
@@ -62,6 +65,8 @@ MAX_FRAMING_LINE = 65_536
 MAX_TRAILER_LINES = 100
 BODY_END_SECONDS = 0.1
 MAX_MESSAGE_CHARACTERS = 1_000
+# The system's poll, also in a gevent worker, where select.poll is gevent's.
+UNPATCHED_POLL = monkey.get_original("select", "poll")
 REJECTED = frozenset({400, 413, 422})
 OVERLOADED = frozenset({429, 503, 529})
 TIMED_OUT = frozenset({408, 504})
@@ -94,6 +99,14 @@ class UpstreamPool(HTTPAdapter):
         super().__init__(**kwargs)
         self._pools: dict[tuple[str, Any, Any], urllib3.HTTPConnectionPool] = {}
         self._paths: dict[str, str] = {}
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        """Make the pool manager as requests does, its pools opening upstream connections."""
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": UpstreamHTTPPool,
+            "https": UpstreamHTTPSPool,
+        }
 
     def get_connection_with_tls_context(
         self,
@@ -140,6 +153,51 @@ class UpstreamPool(HTTPAdapter):
         """Let every pool go, as requests does: later calls open new ones."""
         self._pools.clear()
         super().close()
+
+
+def readable_now(sock: socket.socket) -> bool:
+    """Tell whether ``sock`` has something to read at once: data, or its peer's close."""
+    poller = UNPATCHED_POLL()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class ReuseCheckedByPoll:
+    """A kept-alive connection's check before reuse, made with the system's poll.
+
+    urllib3 takes a connection from its pool only if nothing is waiting to be read on it
+    (an idle connection that is readable was closed by the upstream). In a gevent worker
+    its check polls through gevent's hub, about fifteen times the cost of the system
+    call itself (18 us against 1.2 us here); a poll that waits no time cannot block the
+    worker, so gevent has nothing to add.
+    """
+
+    sock: socket.socket | None
+
+    @property
+    def is_connected(self) -> bool:
+        """Tell whether the connection is open and idle, as urllib3's own property does."""
+        return self.sock is not None and not readable_now(self.sock)
+
+
+class UpstreamHTTPConnection(ReuseCheckedByPoll, HTTPConnection):
+    """urllib3's HTTP connection, checked before reuse by a plain poll."""
+
+
+class UpstreamHTTPSConnection(ReuseCheckedByPoll, HTTPSConnection):
+    """urllib3's HTTPS connection, checked before reuse by a plain poll."""
+
+
+class UpstreamHTTPPool(urllib3.HTTPConnectionPool):
+    """A pool of UpstreamHTTPConnections."""
+
+    ConnectionCls = UpstreamHTTPConnection
+
+
+class UpstreamHTTPSPool(urllib3.HTTPSConnectionPool):
+    """A pool of UpstreamHTTPSConnections."""
+
+    ConnectionCls = UpstreamHTTPSConnection
 
 
 def prepared_post(url: str, body: bytes, headers: Mapping[str, str]) -> requests.PreparedRequest:

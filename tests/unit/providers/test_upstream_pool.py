@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,7 +11,7 @@ import pytest
 import requests
 from requests.adapters import HTTPAdapter
 
-from app.providers.transport import open_pool, prepared_post, prepared_url
+from app.providers.transport import open_pool, prepared_post, prepared_url, readable_now
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -18,6 +19,8 @@ class Recorder(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list[tuple[str, int]]
+    # Whether to close each connection after its answer, without saying so in a header.
+    hang_up = False
 
     def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -29,22 +32,45 @@ class Recorder(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        self.close_connection = self.hang_up
 
     def log_message(self, *args: object) -> None:
         """Keep the test output quiet."""
 
 
+class Server(ThreadingHTTPServer):
+    """Counts the connections it has closed."""
+
+    def __init__(self, handler: type[Recorder]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.closed = threading.Semaphore(0)
+
+    def shutdown_request(self, request: socket.socket) -> None:
+        super().shutdown_request(request)
+        self.closed.release()
+
+
+def serve(**options: object) -> Iterator[tuple[str, list[tuple[str, int]], Server]]:
+    seen: list[tuple[str, int]] = []
+    httpd = Server(type("Handler", (Recorder,), {"seen": seen, **options}))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", seen, httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
 @pytest.fixture
 def server() -> Iterator[tuple[str, list[tuple[str, int]]]]:
     """A local JSON API; yields its base URL and the (path, client port) of each request."""
-    seen: list[tuple[str, int]] = []
-    handler = type("Handler", (Recorder,), {"seen": seen})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
-    httpd.shutdown()
-    httpd.server_close()
+    for base, seen, _ in serve():
+        yield base, seen
+
+
+@pytest.fixture
+def hanging_up_server() -> Iterator[tuple[str, list[tuple[str, int]], Server]]:
+    """The same API closing each connection after its answer, as an idle timeout would."""
+    yield from serve(hang_up=True)
 
 
 def post(adapter: HTTPAdapter, url: str) -> requests.Response:
@@ -97,3 +123,27 @@ def test_a_closed_adapter_opens_new_pools(server) -> None:
 
     assert post(pool, f"{base}/v1/chat").status_code == 201
     assert len({port for _, port in seen}) == 2
+
+
+def test_a_connection_the_upstream_closed_is_not_reused(hanging_up_server) -> None:
+    base, seen, httpd = hanging_up_server
+    pool = open_pool(4)
+    post(pool, f"{base}/v1/chat")
+    assert httpd.closed.acquire(timeout=5)
+
+    again = post(pool, f"{base}/v1/chat")
+
+    assert again.status_code == 201
+    assert len({port for _, port in seen}) == 2
+
+
+def test_readable_now_tells_data_and_a_close_from_nothing() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert not readable_now(ours)
+        theirs.sendall(b"x")
+        assert readable_now(ours)
+        ours.recv(1)
+        assert not readable_now(ours)
+        theirs.close()
+        assert readable_now(ours)
