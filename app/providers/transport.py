@@ -20,6 +20,7 @@ import math
 import os
 import select
 import socket
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from email.utils import parsedate_to_datetime
@@ -27,7 +28,6 @@ from typing import Any, ClassVar
 
 import requests
 import urllib3
-from gevent import monkey
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -65,8 +65,14 @@ MAX_FRAMING_LINE = 65_536
 MAX_TRAILER_LINES = 100
 BODY_END_SECONDS = 0.1
 MAX_MESSAGE_CHARACTERS = 1_000
-# The system's poll, also in a gevent worker, where select.poll is gevent's.
-UNPATCHED_POLL = monkey.get_original("select", "poll")
+# The system's poll, also in a gevent worker, where select.poll is gevent's once
+# patched. Patching takes gevent.monkey: where it is not loaded, select.poll is still
+# the system's (and stays so here if patched later); gevent is not loaded for it.
+UNPATCHED_POLL = (
+    sys.modules["gevent.monkey"].get_original("select", "poll")
+    if "gevent.monkey" in sys.modules
+    else select.poll
+)
 REJECTED = frozenset({400, 413, 422})
 OVERLOADED = frozenset({429, 503, 529})
 TIMED_OUT = frozenset({408, 504})
