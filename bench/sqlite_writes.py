@@ -3,9 +3,10 @@
 Replays, with Python's sqlite3 alone, the statements one whole billed request runs on
 SQLite (the key's lookup; the hold: two UPDATEs and an INSERT; the settlement: three
 UPDATEs and two INSERTs), on a database the gateway's migrations made, with the
-gateway's settings (WAL, synchronous=NORMAL, foreign keys). The statements are those
-sqlite3's trace callback showed the gateway running (commit 2f627c7); the columns of
-the generation record are read from the schema. Three ways of committing:
+gateway's settings (app.database.sqlite_pragmas: WAL, synchronous=NORMAL, the checkpoint
+interval, foreign keys). The statements are those sqlite3's trace callback showed the
+gateway running (commit 2f627c7); the columns of the generation record are read from
+the schema. Three ways of committing:
 
 - ``two``: a hold's transaction and a settlement's transaction per request, as the
   gateway writes them;
@@ -35,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.database import sqlite_pragmas  # noqa: E402
 from bench.run import bench_catalog, funded_key, gateway_env  # noqa: E402
 
 WARM_UP = 320
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
 def replay(path: Path, count: int, *, batch: int, split: bool) -> float:
     """Replay ``count`` requests' statements; return the CPU us per request."""
     connection = sqlite3.connect(path, isolation_level=None)
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+    page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+    for pragma in sqlite_pragmas(page_size):
         connection.execute(f"PRAGMA {pragma}")
     digest, key_id, account_id = connection.execute(
         "SELECT digest, id, account_id FROM api_keys"
