@@ -14,7 +14,8 @@ the schema. Three ways of committing:
 - ``batch K``: K requests' holds and settlements in one transaction, as a gateway that
   committed its waiting requests together would.
 
-It prints the CPU (user + system, this process) per request of each. The gap between
+It prints the CPU (user + system, this process) per request of each, and the wall time
+of the slowest request: the one whose commit checkpointed the WAL. The gap between
 ``two`` and the floor's whole request is what the SQLite target leaves for everything
 else; the batches show what writing together would save.
 
@@ -54,14 +55,18 @@ def main(argv: list[str] | None = None) -> None:
         path = Path(scratch) / "gateway.sqlite3"
         env = {**os.environ, **gateway_env(f"sqlite:///{path}", bench_catalog(Path(scratch), 0))}
         funded_key(env)
-        print("| commits | CPU us per request |\n|---|---:|")
+        print("| commits | CPU us per request | slowest request ms |\n|---|---:|---:|")
         for name, batch, split in MODES:
-            cpu = replay(path, args.requests, batch=batch, split=split)
-            print(f"| {name} | {cpu:,.0f} |")
+            cpu, slowest = replay(path, args.requests, batch=batch, split=split)
+            print(f"| {name} | {cpu:,.0f} | {slowest * 1000:,.1f} |")
 
 
-def replay(path: Path, count: int, *, batch: int, split: bool) -> float:
-    """Replay ``count`` requests' statements; return the CPU us per request."""
+def replay(path: Path, count: int, *, batch: int, split: bool) -> tuple[float, float]:
+    """Replay ``count`` requests' statements; return the CPU us per request, the slowest's seconds.
+
+    The slowest request is the one whose commit checkpointed the WAL into the database:
+    a worker stalls that long, all of its requests with it.
+    """
     connection = sqlite3.connect(path, isolation_level=None)
     page_size = connection.execute("PRAGMA page_size").fetchone()[0]
     for pragma in sqlite_pragmas(page_size):
@@ -75,13 +80,15 @@ def replay(path: Path, count: int, *, batch: int, split: bool) -> float:
         request.run(index, batch=batch, split=split)
     if connection.in_transaction:
         connection.execute("COMMIT")
-    started = time.process_time()
+    started, slowest = time.process_time(), 0.0
     for index in range(count):
+        began = time.perf_counter()
         request.run(index, batch=batch, split=split)
+        slowest = max(slowest, time.perf_counter() - began)
     if connection.in_transaction:
         connection.execute("COMMIT")
     connection.close()
-    return (time.process_time() - started) * 1e6 / count
+    return (time.process_time() - started) * 1e6 / count, slowest
 
 
 class Request:

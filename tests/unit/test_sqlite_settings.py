@@ -25,13 +25,13 @@ def settings_seen(path) -> dict[str, object]:
         engine.dispose()
 
 
-def test_a_new_database_gets_small_pages_and_a_checkpoint_every_16_mib_of_wal(tmp_path):
+def test_a_new_database_gets_small_pages_and_a_checkpoint_every_4_mib_of_wal(tmp_path):
     path = tmp_path / "new.sqlite3"
 
     seen = settings_seen(path)
 
     assert seen["page_size"] == SQLITE_PAGE_SIZE == 1024
-    assert seen["wal_autocheckpoint"] == SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // 1024 == 16384
+    assert seen["wal_autocheckpoint"] == SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // 1024 == 4096
     assert seen["journal_mode"] == "wal"
     assert seen["synchronous"] == 1  # NORMAL
     assert seen["foreign_keys"] == 1
@@ -49,4 +49,4 @@ def test_an_existing_database_keeps_its_page_size_and_checkpoints_by_the_same_by
     seen = settings_seen(path)
 
     assert seen["page_size"] == 4096
-    assert seen["wal_autocheckpoint"] == SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // 4096
+    assert seen["wal_autocheckpoint"] == SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // 4096 == 1024
