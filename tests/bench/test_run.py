@@ -107,6 +107,7 @@ def test_the_sqlite_replay_times_every_way_of_committing():
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = table_rows(done.stdout, 2)
+    rows = table_rows(done.stdout, 3)
     assert [row[0] for row in rows] == ["two", "one", "batch 8", "batch 32"]
     assert all(float(row[1].replace(",", "")) > 0 for row in rows)
+    assert all(float(row[2].replace(",", "")) > 0 for row in rows)
