@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         print("| commits | CPU us per request | slowest request ms |\n|---|---:|---:|")
         for name, batch, split in MODES:
             cpu, slowest = replay(path, args.requests, batch=batch, split=split)
-            print(f"| {name} | {cpu:,.0f} | {slowest * 1000:,.1f} |")
+            print(f"| {name} | {cpu:,.0f} | {slowest * 1000:,.2f} |")
 
 
 def replay(path: Path, count: int, *, batch: int, split: bool) -> tuple[float, float]:
