@@ -92,10 +92,11 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 WRITE_LOCK_PAUSES = (0.0002, 0.005)
 
 
-# A billed request changes about 16 pages over its two commits, and a commit writes each
+# A billed request changes 16-20 pages over its two commits, and a commit writes each
 # one whole to the WAL (copied into the kernel's cache and checksummed): pages of 1 KiB
-# rather than SQLite's 4 KiB cost less system time per request, and a generation's row
-# still fits one page. Only a new database takes it: a file keeps its page size.
+# rather than SQLite's 4 KiB cost less system time per request, a few more of them
+# though, and a generation's row still fits one page. Only a new database takes it: a
+# file keeps its page size.
 SQLITE_PAGE_SIZE = 1024
 # The WAL a commit lets grow before it checkpoints it into the database: SQLite's 1,000
 # pages, counted in bytes, so that smaller pages do not make checkpoints more frequent.
