@@ -8,16 +8,14 @@ from sqlalchemy import create_engine, text
 
 from app.database import SQLITE_PAGE_SIZE, SQLITE_WAL_BYTES_BEFORE_CHECKPOINT
 
+PRAGMAS = ("page_size", "journal_mode", "synchronous", "wal_autocheckpoint", "foreign_keys")
+
 
 def settings_seen(path) -> dict[str, object]:
     engine = create_engine(f"sqlite:///{path}")
     try:
         with engine.connect() as connection:
-            read = {
-                name: connection.execute(text(f"PRAGMA {name}")).scalar()
-                for name in ("page_size", "journal_mode", "synchronous", "wal_autocheckpoint")
-            }
-            read["foreign_keys"] = connection.execute(text("PRAGMA foreign_keys")).scalar()
+            read = {name: connection.execute(text(f"PRAGMA {name}")).scalar() for name in PRAGMAS}
             connection.execute(text("CREATE TABLE IF NOT EXISTS notes (word TEXT)"))
             connection.commit()
         return read
