@@ -128,6 +128,8 @@ def serve_and_count(args: argparse.Namespace, scratch: Path) -> tuple[list[Frame
     if len(frames) >= SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // page_size:
         # The WAL may have been checkpointed and restarted meanwhile: frames were lost.
         raise RuntimeError("the counted requests filled the WAL: count fewer of them")
+    if not frames:
+        raise RuntimeError("the counted requests left no frame in the WAL")
     return frames, pages_by_owner(frames, owners)
 
 
