@@ -33,7 +33,8 @@ class ServerSentEvent:
 
 def split_lines(buffer: bytes) -> tuple[list[bytes], bytes]:
     """Split the complete lines off ``buffer``; return them and the unfinished rest."""
-    lines = LINE_BREAK.split(buffer)
+    # Nearly every upstream ends its lines in LF alone: split on it without the pattern.
+    lines = LINE_BREAK.split(buffer) if b"\r" in buffer else buffer.split(b"\n")
     rest = lines.pop()
     if lines and buffer.endswith(b"\r"):
         # The CR may be the first half of a CRLF whose LF is in the next read: keep the

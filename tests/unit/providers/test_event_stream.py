@@ -56,6 +56,12 @@ def test_split_lines_keeps_a_trailing_cr_back():
     assert split_lines(b"a\r\nb") == ([b"a"], b"b")
 
 
+def test_split_lines_ends_lines_at_every_kind_of_break_alike():
+    assert split_lines(b"a\n\nb\nc") == ([b"a", b"", b"b"], b"c")
+    assert split_lines(b"a\r\rb\r\nc") == ([b"a", b"", b"b"], b"c")
+    assert split_lines(b"a\n\rb\r\nc\n") == ([b"a", b"", b"b", b"c"], b"")
+
+
 def test_every_event_but_the_last_a_read_completes_says_more():
     reads = [b"data: a\n\ndata: b\n\ndata: c", b"\n\n", b"data: d\n\ndata: e\n\n"]
 
