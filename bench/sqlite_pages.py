@@ -25,7 +25,7 @@ import struct
 import sys
 import tempfile
 from collections import Counter
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from bench.load import send_requests  # noqa: E402
 from bench.run import (  # noqa: E402
     Gateway,
     Scenario,
+    Target,
     bench_catalog,
     free_port,
     running,
@@ -94,7 +95,7 @@ def pages_by_owner(frames: list[Frame], owners: dict[int, str]) -> Counter[str]:
 
 def empty_wal(path: Path) -> None:
     """Checkpoint the WAL of the database at ``path`` into it and truncate the WAL."""
-    with sqlite3.connect(path) as connection:
+    with closing(sqlite3.connect(path)) as connection:
         busy, _, _ = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     if busy:
         raise RuntimeError("the gateway held the database: the WAL could not be emptied")
@@ -110,19 +111,11 @@ def serve_and_count(args: argparse.Namespace, scratch: Path) -> tuple[list[Frame
         stack.enter_context(running(upstream, dict(os.environ), port, scratch / "upstream.log"))
         gateway = Gateway("gateway", f"sqlite:///{database}", bench_catalog(scratch, port), 1)
         target = start_gateway(stack, scratch, gateway)
-        for count in (args.warm_up, args.requests):
-            if count == args.requests:
-                empty_wal(database)
-            timings = asyncio.run(
-                send_requests(
-                    target.port, scenario.body(), target.key, count=count,
-                    concurrency=1, streamed=args.stream,
-                )
-            )  # fmt: skip
-            if timings.errors:
-                raise RuntimeError(f"a request failed: {timings.errors[0]}")
+        serve(target, scenario, args.warm_up)
+        empty_wal(database)
+        serve(target, scenario, args.requests)
         frames = wal_frames(Path(f"{database}-wal").read_bytes())
-        with sqlite3.connect(database) as connection:
+        with closing(sqlite3.connect(database)) as connection:
             page_size = connection.execute("PRAGMA page_size").fetchone()[0]
             owners = page_owners(connection)
     if len(frames) >= SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // page_size:
@@ -131,6 +124,18 @@ def serve_and_count(args: argparse.Namespace, scratch: Path) -> tuple[list[Frame
     if not frames:
         raise RuntimeError("the counted requests left no frame in the WAL")
     return frames, pages_by_owner(frames, owners)
+
+
+def serve(target: Target, scenario: Scenario, count: int) -> None:
+    """Have ``target`` serve ``count`` requests of ``scenario``, one at a time, all answered."""
+    timings = asyncio.run(
+        send_requests(
+            target.port, scenario.body(), target.key, count=count,
+            concurrency=1, streamed=scenario.streamed,
+        )
+    )  # fmt: skip
+    if timings.errors:
+        raise RuntimeError(f"a request failed: {timings.errors[0]}")
 
 
 def main(argv: list[str] | None = None) -> None:
