@@ -92,17 +92,22 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 WRITE_LOCK_PAUSES = (0.0002, 0.005)
 
 
-# A billed request changes 16-20 pages over its two commits, and a commit writes each
-# one whole to the WAL (copied into the kernel's cache and checksummed): pages of 1 KiB
-# rather than SQLite's 4 KiB cost less system time per request, a few more of them
-# though, and a generation's row still fits one page. Only a new database takes it: a
-# file keeps its page size.
+# A billed request changes about 20 pages over its two commits (bench/sqlite_pages.py
+# counts them), and a commit writes each one whole to the WAL (copied into the kernel's
+# cache and checksummed): pages of 1 KiB rather than SQLite's 4 KiB cost less system
+# time per request, a few more of them though, and a generation's row still fits one
+# page. Only a new database takes it: a file keeps its page size.
 SQLITE_PAGE_SIZE = 1024
 # The WAL a commit lets grow before it checkpoints it into the database: SQLite's 1,000
 # pages, counted in bytes, so that smaller pages do not make checkpoints more frequent.
 # A checkpoint syncs both files and stalls its worker meanwhile (about 10 ms here at
 # this size, every 200 requests); a larger WAL saved no CPU measurably, but stalled longer.
 SQLITE_WAL_BYTES_BEFORE_CHECKPOINT = 4 * 1024 * 1024
+
+
+def sqlite_checkpoint_pages(page_size: int) -> int:
+    """Return the WAL pages after which a commit checkpoints, for a database of ``page_size``."""
+    return SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // page_size
 
 
 def sqlite_pragmas(page_size: int) -> list[str]:
@@ -116,7 +121,7 @@ def sqlite_pragmas(page_size: int) -> list[str]:
     return [
         "journal_mode=WAL",
         "synchronous=NORMAL",
-        f"wal_autocheckpoint={SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // page_size}",
+        f"wal_autocheckpoint={sqlite_checkpoint_pages(page_size)}",
         f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
         "foreign_keys=ON",
     ]

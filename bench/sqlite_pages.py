@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.database import SQLITE_WAL_BYTES_BEFORE_CHECKPOINT  # noqa: E402
+from app.database import sqlite_checkpoint_pages  # noqa: E402
 from bench.load import send_requests  # noqa: E402
 from bench.run import (  # noqa: E402
     Gateway,
@@ -118,7 +118,7 @@ def serve_and_count(args: argparse.Namespace, scratch: Path) -> tuple[list[Frame
         with closing(sqlite3.connect(database)) as connection:
             page_size = connection.execute("PRAGMA page_size").fetchone()[0]
             owners = page_owners(connection)
-    if len(frames) >= SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // page_size:
+    if len(frames) >= sqlite_checkpoint_pages(page_size):
         # The WAL may have been checkpointed and restarted meanwhile: frames were lost.
         raise RuntimeError("the counted requests filled the WAL: count fewer of them")
     if not frames:
