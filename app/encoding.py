@@ -1,4 +1,4 @@
-"""JSON encoding for response bodies and stream events: fast, and exact for money.
+"""JSON encoding for response bodies, stream events and JSON columns: fast, exact for money.
 
 orjson is several times faster than the standard library on the hot path; money leaves
 the service as a JSON number only here, converted from Decimal at the last moment.
@@ -38,9 +38,18 @@ def dumps_transient(value: Any) -> bytes:
     return orjson.dumps(value, default=_default)
 
 
+def dumps_text(value: Any) -> str:
+    """Encode ``value`` like ``dumps``, as a str."""
+    return orjson.dumps(value, default=_default).decode()
+
+
 # Decodes JSON; raises ``orjson.JSONDecodeError`` (a ValueError) when malformed. orjson's
 # own function: a wrapper would cost a call per relayed stream event.
 loads = orjson.loads
+
+# How every engine's JSON columns are written and read: a generation's record carries
+# one, written on every billed request, where the standard library took 4 us.
+JSON_COLUMN_CODEC = {"json_serializer": dumps_text, "json_deserializer": loads}
 
 
 class OrjsonProvider(JSONProvider):
@@ -48,7 +57,7 @@ class OrjsonProvider(JSONProvider):
 
     def dumps(self, obj: Any, **kwargs: Any) -> str:
         """Encode to str."""
-        return dumps(obj).decode()
+        return dumps_text(obj)
 
     def loads(self, s: str | bytes, **kwargs: Any) -> Any:
         """Decode from str or bytes."""

@@ -10,6 +10,8 @@ from flask_sqlalchemy import SQLAlchemy
 from flask_wtf.csrf import CSRFProtect
 from sqlalchemy import MetaData
 
+from app.encoding import JSON_COLUMN_CODEC
+
 # Named constraints let Alembic alter them later, SQLite included.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -49,7 +51,9 @@ class DashboardSessionInterface(SecureCookieSessionInterface):
         return super().open_session(app, request)
 
 
-db = SQLAlchemy(metadata=MetaData(naming_convention=NAMING_CONVENTION))
+db = SQLAlchemy(
+    metadata=MetaData(naming_convention=NAMING_CONVENTION), engine_options=JSON_COLUMN_CODEC
+)
 migrate = Migrate()
 login_manager = DashboardLoginManager()
 csrf = CSRFProtect()
