@@ -152,12 +152,12 @@ def _look_up_caller(digest: str) -> Caller | None:
 def forget_remembered_callers() -> None:
     """Forget the callers this process remembers, after a change to a key committed.
 
-    Other processes hear of it from the database (app.auth.caller_cache); this one must
-    not wait for that to answer its next request right.
+    This one must not wait to hear of it to answer its next request right; the others
+    hear of it as app.auth.caller_cache tells (on SQLite, from this call).
     """
     cache = current_app.extensions.get(CALLER_CACHE)
     if cache is not None:
-        cache.forget_all()
+        cache.key_changed()
 
 
 def _find_key_or_raise(key_id: int) -> ApiKey:

@@ -1,7 +1,9 @@
-"""The per-process memory of callers, driven by a listening connection that is a stand-in.
+"""The per-process memory of callers: its own rules, and how each database's changes reach it.
 
-What PostgreSQL does (the trigger, the notifications, a real listener) is tested over
-HTTP in tests/contract/test_remembered_callers.py; here, the cache's own rules.
+PostgreSQL's listening connection is a stand-in here; SQLite's file of changes is real,
+shared by caches as processes share it. What the databases do with real processes (the
+trigger, the notifications, the flask commands' changes) is tested over HTTP in
+tests/contract/test_remembered_callers.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from datetime import UTC, datetime
 import pytest
 
 from app.auth import caller_cache
-from app.auth.caller_cache import ENTRY_SECONDS, RETRY_SECONDS, CallerCache
+from app.auth.caller_cache import (
+    ENTRY_SECONDS,
+    RETRY_SECONDS,
+    CallerCache,
+    KeyChangesFile,
+    NotifiedKeyChanges,
+)
 
 
 class ConnectionLost(Exception):
@@ -73,7 +81,7 @@ def world():
         lookups.append(digest)
         return Caller(key_id=len(lookups), key_digest=digest)
 
-    cache = CallerCache(connect, ConnectionLost, clock=clock)
+    cache = CallerCache(NotifiedKeyChanges(connect, ConnectionLost, clock=clock), clock=clock)
     return cache, listeners, lookups, look_up, clock
 
 
@@ -118,7 +126,7 @@ def test_a_change_made_by_this_process_forgets_at_once(world):
     cache, _, lookups, look_up, _ = world
     cache.find("d1", look_up)
 
-    cache.forget_all()
+    cache.key_changed()
     cache.find("d1", look_up)
 
     assert lookups == ["d1", "d1"]
@@ -174,7 +182,7 @@ def test_a_failure_to_listen_looks_every_key_up_until_the_next_try(world):
         listeners.append(Listener())
         return listeners[-1]
 
-    cache = CallerCache(connect, ConnectionLost, clock=clock)
+    cache = CallerCache(NotifiedKeyChanges(connect, ConnectionLost, clock=clock), clock=clock)
     cache.find("d1", look_up)
     cache.find("d1", look_up)
     clock.now += RETRY_SECONDS
@@ -202,3 +210,62 @@ def test_a_forked_process_starts_with_its_own_listener_and_no_callers(world, mon
     cache.find("d1", look_up)
 
     assert lookups == ["d1", "d1"] and len(listeners) == 2
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """Two processes' caches on SQLite: one file of changes, beside the database."""
+    path = str(tmp_path / "gateway.sqlite3-key-changes")
+    lookups: list[str] = []
+
+    def look_up(digest: str) -> Caller:
+        lookups.append(digest)
+        return Caller(key_id=len(lookups), key_digest=digest)
+
+    return CallerCache(KeyChangesFile(path)), CallerCache(KeyChangesFile(path)), lookups, look_up
+
+
+def test_on_sqlite_a_change_another_process_made_forgets_at_the_next_request(processes):
+    serving, changing, lookups, look_up = processes
+    serving.find("d1", look_up)
+    serving.find("d1", look_up)
+
+    changing.key_changed()
+    serving.find("d1", look_up)
+    serving.find("d1", look_up)
+
+    assert lookups == ["d1", "d1"]
+
+
+def test_on_sqlite_a_lookup_overtaken_by_another_process_change_is_not_remembered(processes):
+    serving, changing, lookups, _ = processes
+
+    def look_up_while_a_key_changes(digest: str) -> Caller:
+        changing.key_changed()
+        lookups.append(digest)
+        return Caller(key_id=1, key_digest=digest)
+
+    serving.find("d1", look_up_while_a_key_changes)
+    serving.find("d1", look_up_while_a_key_changes)
+
+    assert lookups == ["d1", "d1"]
+
+
+def test_on_sqlite_nothing_is_remembered_while_the_file_cannot_be_read(processes, tmp_path):
+    serving, _, lookups, look_up = processes
+    serving.find("d1", look_up)
+
+    (tmp_path / "gateway.sqlite3-key-changes").unlink()
+    serving.find("d1", look_up)
+    serving.find("d1", look_up)
+
+    assert lookups == ["d1", "d1", "d1"]
+
+
+def test_on_sqlite_a_change_that_cannot_be_announced_is_logged(tmp_path, caplog):
+    changes = KeyChangesFile(str(tmp_path / "gone" / "gateway.sqlite3-key-changes"))
+
+    changes.announce()
+
+    assert changes.read() is None
+    assert "could not announce a key change" in caplog.text
