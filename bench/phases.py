@@ -61,8 +61,9 @@ STEPS = [
     (0, "record the metrics", "app.observability.metrics", "observe_request"),
     (0, "SQLite: take the write lock", "app.database", "_take_write_lock"),
     (0, "SQLite: run a write's statements", "app.database", "_run_write"),
-    (0, "database: bind a statement's parameters", "app.database.DriverForm", "arguments"),
-    (0, "database: execute on the driver", "app.database", "_on_driver"),
+    (0, "database: commit a transaction", "sqlalchemy.engine.base.RootTransaction", "commit"),
+    (0, "database: bind a driver statement's parameters", "app.database.DriverForm", "arguments"),
+    (0, "database: execute a driver statement", "app.database", "_on_driver"),
 ]
 
 
