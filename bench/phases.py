@@ -8,7 +8,7 @@ whole answers (or streams) one after the other in this process, in front of the 
 upstream, called as a WSGI app as bench/instructions.py calls it, and each step below is
 wrapped in a clock (the wall clock: one request at a time, nothing else runs meanwhile,
 and a step waits on nothing but the upstream's answer). Steps nest; a step's time
-includes the steps under it. Wrapping costs about a quarter of a microsecond a step.
+includes the steps under it. Wrapping adds about half a microsecond to each call.
 A stream's generation runs as its body is read, outside any step but the ones it calls.
 The gateway's log lines go to a file in the scratch directory, as they would go to a pipe.
 
