@@ -17,7 +17,7 @@ from collections import deque, namedtuple
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Compiled, Connection, Dialect, Engine, Transaction
 from sqlalchemy.types import TypeDecorator
 
-from app.credits.pricing import MONEY_QUANTUM
+from app.credits.pricing import MONEY_QUANTUM, to_money
 from app.encoding import JSON_COLUMN_CODEC
 from app.extensions import db
 from app.observability import metrics
@@ -35,7 +35,6 @@ from app.process import process_id
 log = logging.getLogger(__name__)
 
 UNITS_PER_USD = int(1 / MONEY_QUANTUM)
-MONEY_DIGITS = -MONEY_QUANTUM.as_tuple().exponent
 
 BoundStatement = tuple[Executable, dict[str, Any]]
 """A statement built once, and the parameters to execute it with."""
@@ -73,10 +72,10 @@ class Money(TypeDecorator):
 
 
 def money_units(value: Decimal | int | None) -> int | None:
-    """Return ``value`` USD as the count of MONEY_QUANTUM stored for it, rounded half up."""
+    """Return ``value`` USD as the count of MONEY_QUANTUM stored for it (rounded by to_money)."""
     if value is None:
         return None
-    return int(Decimal(value).scaleb(MONEY_DIGITS).to_integral_value(ROUND_HALF_UP))
+    return int(to_money(Decimal(value)) * UNITS_PER_USD)
 
 
 class UTCDateTime(TypeDecorator):
@@ -100,7 +99,7 @@ class UTCDateTime(TypeDecorator):
         """Store naive UTC."""
         if value is None:
             return None
-        return value.astimezone(UTC).replace(tzinfo=None)
+        return naive_utc(value)
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         """Read back as aware UTC."""
@@ -109,13 +108,18 @@ class UTCDateTime(TypeDecorator):
         return value.replace(tzinfo=UTC)
 
 
+def naive_utc(value: datetime) -> datetime:
+    """Return ``value`` as naive UTC (a naive ``value`` is read as local time)."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.replace(tzinfo=None)
+
+
 def sqlite_utc_text(value: datetime | None) -> str | None:
     """Return the text SQLite keeps for ``value``: naive UTC, to the microsecond."""
     if value is None:
         return None
-    if value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
-    return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+    return naive_utc(value).isoformat(" ", "microseconds")
 
 
 def utcnow() -> datetime:

@@ -12,9 +12,7 @@ from sqlalchemy.types import TypeDecorator
 
 from app.auth.keys import create_key
 from app.auth.models import ApiKey
-from app.credits.pricing import to_money
 from app.database import (
-    UNITS_PER_USD,
     Money,
     UTCDateTime,
     execute_on_driver,
@@ -49,30 +47,34 @@ def _composed(column_type: TypeDecorator, dialect):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda dialect: dialect.driver)
-def test_money_binds_the_units_sqlalchemy_would(dialect):
+@pytest.mark.parametrize(
+    ("column_type", "values"),
+    [(Money(), [*AMOUNTS, None]), (UTCDateTime(), [*TIMES, None])],
+    ids=["money", "time"],
+)
+def test_values_bind_as_sqlalchemy_would_bind_them(column_type, values, dialect):
+    processor = column_type.dialect_impl(dialect).bind_processor(dialect)
+    composed = _composed(column_type, dialect)
+
+    for value in values:
+        assert processor(value) == composed(value)
+
+
+def test_money_binds_as_units_of_the_quantum_rounded_half_up():
+    dialect = sqlite.dialect()
     processor = Money().dialect_impl(dialect).bind_processor(dialect)
-    composed = _composed(Money(), dialect)
 
-    for amount in [*AMOUNTS, None]:
-        assert processor(amount) == composed(amount)
-    for amount in AMOUNTS:
-        assert processor(amount) == int(to_money(Decimal(amount)) * UNITS_PER_USD)
-
-
-def test_money_units_round_half_up_at_the_quantum():
-    assert money_units(Decimal("0.00000000005")) == 1
-    assert money_units(Decimal("-0.00000000005")) == -1
-    assert money_units(Decimal("0.000000000049999")) == 0
+    assert [processor(amount) for amount in AMOUNTS] == [
+        360_000,
+        1,
+        -1,
+        0,
+        1_234_567_891_234_567_891,
+        -25_000_000_000,
+        0,
+        70_000_000_000,
+    ]
     assert money_units(None) is None
-
-
-@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda dialect: dialect.driver)
-def test_times_bind_as_sqlalchemy_would(dialect):
-    processor = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
-    composed = _composed(UTCDateTime(), dialect)
-
-    for moment in [*TIMES, None]:
-        assert processor(moment) == composed(moment)
 
 
 def test_sqlite_keeps_a_time_as_naive_utc_text_to_the_microsecond():
