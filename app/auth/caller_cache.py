@@ -161,12 +161,9 @@ class CallerCache:
             self._pid, self._entries = process_id(), {}
             self._changes.forked()
         changed = self._changes.read()
-        if changed is None:
+        if changed is not False:  # a change, or no way to tell: nothing stays remembered
             self.forget_all()
-            return None
-        if changed:
-            self.forget_all()
-        return self._forgotten
+        return None if changed is None else self._forgotten
 
 
 class KeyChangesFile:
