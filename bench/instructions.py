@@ -84,15 +84,10 @@ def serve(args: argparse.Namespace) -> None:
 
     monkey.patch_all()
     scratch = Path(tempfile.mkdtemp())
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(scratch)
     os.environ["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{args.upstream_port}/v1/chat/completions"
     key = None
     if args.serve == "gateway":
-        database = args.database_url or f"sqlite:///{scratch / 'gateway.sqlite3'}"
-        catalog = bench_catalog(scratch, args.upstream_port)
-        env = {**base_env(0, 1, 100), **gateway_env(database, catalog)}
-        key = funded_key(env)
-        os.environ.update(env)
+        key = configure_gateway(scratch, args.upstream_port, args.database_url)
         from wsgi import app
     else:
         from bench.floor_app import app
@@ -106,6 +101,20 @@ def serve(args: argparse.Namespace) -> None:
     for _ in range(args.requests):
         call(app, body, key)
     subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
+
+
+def configure_gateway(scratch: Path, upstream_port: int, database_url: str | None) -> str:
+    """Set this process's environment for the gateway app; return a funded key.
+
+    Production settings, metrics in multiprocess mode, in front of the fake upstream, on
+    ``database_url`` or a SQLite file in ``scratch``. The app is to be imported after.
+    """
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(scratch)
+    database = database_url or f"sqlite:///{scratch / 'gateway.sqlite3'}"
+    env = {**base_env(0, 1, 100), **gateway_env(database, bench_catalog(scratch, upstream_port))}
+    key = funded_key(env)
+    os.environ.update(env)
+    return key
 
 
 def call(app: object, body: bytes, key: str | None) -> str:

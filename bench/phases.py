@@ -32,17 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.instructions import call  # noqa: E402
-from bench.run import (  # noqa: E402
-    Scenario,
-    base_env,
-    bench_catalog,
-    free_port,
-    funded_key,
-    gateway_env,
-    running,
-    upstream_command,
-)
+from bench.instructions import call, configure_gateway  # noqa: E402
+from bench.run import Scenario, free_port, running, upstream_command  # noqa: E402
 
 # (how deep it nests, what it is, the module whose name the request's code calls it
 # by, that name): a step is timed where its caller looks it up.
@@ -100,11 +91,7 @@ def wrap_steps(spent: Counter, calls: Counter) -> None:
 
 def serve(args: argparse.Namespace, upstream_port: int, scratch: Path) -> list[str]:
     """Serve the counted requests with every step timed; return the table's lines."""
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(scratch)
-    database = args.database_url or f"sqlite:///{scratch / 'gateway.sqlite3'}"
-    env = {**base_env(0, 1, 100), **gateway_env(database, bench_catalog(scratch, upstream_port))}
-    key = funded_key(env)
-    os.environ.update(env)
+    key = configure_gateway(scratch, upstream_port, args.database_url)
     log = scratch / "gateway.log"
     with open(log, "w") as sys.stderr:
         try:
