@@ -186,12 +186,44 @@ class ReuseCheckedByPoll:
         return self.sock is not None and not readable_now(self.sock)
 
 
-class UpstreamHTTPConnection(ReuseCheckedByPoll, HTTPConnection):
-    """urllib3's HTTP connection, checked before reuse by a plain poll."""
+class HeadWithBody:
+    """Sends a request's head and its body, given whole, in one write.
+
+    urllib3 writes the head, then the body: two system calls a call, and two packets
+    (its sockets do not wait to fill one: TCP_NODELAY). A body given in pieces (a file,
+    an iterable) is written as urllib3 writes it.
+    """
+
+    _head: bytes | None = None
+    _holding_head = False
+
+    def request(
+        self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any
+    ) -> None:
+        """Send the request, its head held back to go out with a body of bytes."""
+        self._holding_head = type(body) is bytes and bool(body) and not options.get("chunked")
+        try:
+            super().request(method, url, body, headers, **options)  # type: ignore[misc]
+        finally:
+            self._holding_head, self._head = False, None
+
+    def send(self, data: Any) -> None:
+        """Write ``data``; the head, while held, goes out with the write that follows it."""
+        if self._holding_head:
+            if self._head is None:
+                self._head = data
+                return
+            data = self._head + data
+            self._holding_head, self._head = False, None
+        super().send(data)  # type: ignore[misc]
 
 
-class UpstreamHTTPSConnection(ReuseCheckedByPoll, HTTPSConnection):
-    """urllib3's HTTPS connection, checked before reuse by a plain poll."""
+class UpstreamHTTPConnection(ReuseCheckedByPoll, HeadWithBody, HTTPConnection):
+    """urllib3's HTTP connection, checked before reuse by a plain poll, writing once."""
+
+
+class UpstreamHTTPSConnection(ReuseCheckedByPoll, HeadWithBody, HTTPSConnection):
+    """urllib3's HTTPS connection, checked before reuse by a plain poll, writing once."""
 
 
 class UpstreamHTTPPool(urllib3.HTTPConnectionPool):

@@ -11,7 +11,13 @@ import pytest
 import requests
 from requests.adapters import HTTPAdapter
 
-from app.providers.transport import open_pool, prepared_post, prepared_url, readable_now
+from app.providers.transport import (
+    UpstreamHTTPConnection,
+    open_pool,
+    prepared_post,
+    prepared_url,
+    readable_now,
+)
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -147,3 +153,60 @@ def test_readable_now_tells_data_and_a_close_from_nothing() -> None:
         assert not readable_now(ours)
         theirs.close()
         assert readable_now(ours)
+
+
+class WriteRecorder:
+    """A socket that records each write it is given, then makes it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.sock.sendall(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def recorded_connection(base: str) -> tuple[UpstreamHTTPConnection, WriteRecorder]:
+    host, port = base.removeprefix("http://").split(":")
+    connection = UpstreamHTTPConnection(host, int(port), timeout=5)
+    connection.connect()
+    recorder = WriteRecorder(connection.sock)
+    connection.sock = recorder  # type: ignore[assignment]
+    return connection, recorder
+
+
+def test_a_request_and_its_body_go_out_in_one_write(server) -> None:
+    base, seen = server
+    connection, recorder = recorded_connection(base)
+    body = b'{"model": "m", "messages": []}'
+
+    for _ in range(2):
+        connection.request(
+            "POST", "/v1/chat", body=body, headers={"Content-Length": str(len(body))}
+        )
+        assert connection.getresponse().data == b'{"ok": true}'
+
+    assert len(recorder.writes) == 2
+    for write in recorder.writes:
+        assert write.startswith(b"POST /v1/chat HTTP/1.1\r\n")
+        assert write.endswith(b"\r\n\r\n" + body)
+    assert [path for path, _ in seen] == ["/v1/chat", "/v1/chat"]
+
+
+def test_a_body_given_in_pieces_is_written_as_urllib3_writes_it(server) -> None:
+    base, seen = server
+    connection, recorder = recorded_connection(base)
+    pieces, whole = [b'{"model": ', b'"m"}'], b'{"model": "m"}'
+
+    for body in (iter(pieces), whole):
+        connection.request("POST", "/v1/chat", body=body, headers={"Content-Length": "14"})
+        assert connection.getresponse().data == b'{"ok": true}'
+
+    assert recorder.writes[0].endswith(b"\r\n\r\n")
+    assert recorder.writes[1:3] == pieces
+    assert len(recorder.writes) == 4 and recorder.writes[3].endswith(b"\r\n\r\n" + whole)
+    assert [path for path, _ in seen] == ["/v1/chat", "/v1/chat"]
