@@ -91,7 +91,7 @@ class WorkerWindows:
     """
 
     def __init__(self) -> None:
-        self._windows: dict[str, tuple[float, int]] = {}
+        self._windows: dict[tuple[RateLimitItem, tuple[str, ...]], tuple[float, int]] = {}
         self._next_sweep = time.monotonic() + SWEEP_SECONDS
 
     def hit(self, limit: RateLimitItem, *identifiers: str) -> bool:
@@ -99,7 +99,9 @@ class WorkerWindows:
         now = time.monotonic()
         if now >= self._next_sweep:
             self._sweep(now)
-        key = limit.key_for(*identifiers)
+        # Not the shared store's string key (limit.key_for): building it cost more than
+        # the count itself, and nothing outside this worker reads these windows.
+        key = (limit, identifiers)
         ends, count = self._windows.get(key, (0.0, 0))
         if ends <= now:
             ends, count = now + limit.get_expiry(), 0

@@ -55,7 +55,7 @@ def test_ended_windows_are_dropped_once_a_sweep_is_due(monkeypatch):
     windows.hit(parse("3 per hour"), "staying")
     clock.now += ratelimits.SWEEP_SECONDS
     windows.hit(THREE_A_MINUTE, "new")
-    assert sorted(key.split("/")[1] for key in windows._windows) == ["new", "staying"]
+    assert sorted(identifiers[0] for _, identifiers in windows._windows) == ["new", "staying"]
 
 
 def fallbacks() -> float:
