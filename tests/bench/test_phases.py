@@ -16,7 +16,7 @@ def test_the_steps_of_a_billed_request_are_timed_in_its_flow():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "whole answer, gateway on SQLite, 3 requests one at a time" in done.stdout
     steps = {
-        name.lstrip("· "): (float(us), float(calls))
+        name.lstrip("· "): (float(us.replace(",", "")), float(calls))
         for name, us, calls in table_rows(done.stdout, 3)
     }
     for step in ("find the caller", "place the hold", "call the upstream", "settle the hold"):
