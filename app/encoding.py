@@ -39,8 +39,8 @@ def dumps_transient(value: Any) -> bytes:
 
 
 def dumps_text(value: Any) -> str:
-    """Encode ``value`` like ``dumps``, as a str."""
-    return orjson.dumps(value, default=_default).decode()
+    """Encode ``value`` like ``dumps``, as a str (decoded at once: no copy to keep)."""
+    return dumps_transient(value).decode()
 
 
 # Decodes JSON; raises ``orjson.JSONDecodeError`` (a ValueError) when malformed. orjson's
