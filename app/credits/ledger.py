@@ -61,10 +61,12 @@ from app.auth.models import ACTIVE, REVOKED, ApiKey
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import (
+    COMMIT_AS_CHOSEN,
     BoundStatement,
     Money,
     UTCDateTime,
     execute_alone,
+    execute_durably,
     execute_on_driver,
     runs_alone,
     utcnow,
@@ -168,8 +170,9 @@ _INSERT_ENTRY = insert(_entries)
 # Selected by the hold's statement, which runs alone: its transaction (that statement)
 # commits without waiting for the WAL to reach the disk, which costs PostgreSQL a sync
 # and the request its wait (about 0.25 ms here). A server crash can then lose only holds:
-# a settlement commits synchronously, which writes the WAL up to it, holds included, and
-# a settlement whose hold was lost charges what the balance allows, as for an expired one.
+# a settlement is on disk when it returns (execute_durably), and the WAL up to it with
+# it, holds included; a settlement whose hold was lost charges what the balance allows,
+# as for an expired one.
 # Local to the transaction: the connection's next statement commits as configured.
 _COMMIT_WITHOUT_WAITING = literal_column("set_config('synchronous_commit', 'off', true)")
 
@@ -272,10 +275,11 @@ def _settlement_in_one_statement(
 
     _CLOSE_HOLD, then _DEBIT, _SPEND_ON_KEY, _INSERT_ENTRY and the records' INSERTs
     (the generation's row), each only if the hold was still open (rows
-    taken in the same order as the separate statements); the SELECT says whether it was.
-    A hold that was not has applied nothing, and is settled step by step. Nothing else
-    can make a step miss its row, so the statement needs no transaction around it. No
-    parameter is named like a column of the updated tables: SQLAlchemy would SET it.
+    taken in the same order as the separate statements); the SELECT says whether it was,
+    and commits as execute_durably chooses (COMMIT_AS_CHOSEN). A hold that was not has
+    applied nothing, and is settled step by step. Nothing else can make a step miss its
+    row, so the statement needs no transaction around it. No parameter is named like a
+    column of the updated tables: SQLAlchemy would SET it.
     """
     closed = close_hold.returning(_holds.c.id).cte("closed_hold")
     gate = exists(select(closed.c.id))
@@ -305,7 +309,7 @@ def _settlement_in_one_statement(
         steps.append(entry)
     for index, (statement, names) in enumerate(records):
         steps.append(_record_step(statement, names, f"record{index}_", gate))
-    return select(_row_count(closed)).add_cte(*steps)
+    return select(_row_count(closed), COMMIT_AS_CHOSEN).add_cte(*steps)
 
 
 def _record_step(statement: Insert, names: tuple[str, ...], prefix: str, gate: Any) -> CTE:
@@ -677,7 +681,7 @@ def _settle_covered_in_one_statement(
     }
     for index, (_, record) in enumerate(inserts):
         parameters.update({f"record{index}_{name}": value for name, value in record.items()})
-    closed = execute_alone(statement, parameters, prepared=True)[0][0]
+    closed = execute_durably(statement, parameters)[0][0]
     return closed == 1
 
 
