@@ -116,6 +116,18 @@ def beside_a_running_statement(server: FakeServer, outcomes: Outcomes) -> None:
     assert server.started["running"].wait(10)
 
 
+def two_waiting_behind_a_flush(server: FakeServer, outcomes: Outcomes) -> None:
+    """Have "first" send the first flush (held), and "second" and "third" end meanwhile."""
+    beside_a_running_statement(server, outcomes)
+    server.hold(f"{FLUSH} 1")
+    outcomes.start("first")
+    assert server.started[f"{FLUSH} 1"].wait(10)
+    # The flush on its way may have been sent before their commits: it does not cover them.
+    outcomes.start("second")
+    outcomes.start("third")
+    wait_until(lambda: waiting_for_a_flush(outcomes.statements) == 2)
+
+
 def test_a_statement_alone_commits_as_configured_and_sends_no_flush(server):
     statements = DurableStatements(server)
 
@@ -141,14 +153,7 @@ def test_beside_another_a_statement_commits_without_waiting_and_returns_after_a_
 
 
 def test_statements_that_end_while_a_flush_runs_share_the_next_one(server, outcomes):
-    beside_a_running_statement(server, outcomes)
-    server.hold(f"{FLUSH} 1")
-    outcomes.start("first")
-    assert server.started[f"{FLUSH} 1"].wait(10)
-    # The flush on its way may have been sent before their commits: it does not cover them.
-    outcomes.start("second")
-    outcomes.start("third")
-    wait_until(lambda: waiting_for_a_flush(outcomes.statements) == 2)
+    two_waiting_behind_a_flush(server, outcomes)
     server.release(f"{FLUSH} 1")
 
     for name in ("first", "second", "third"):
@@ -157,13 +162,7 @@ def test_statements_that_end_while_a_flush_runs_share_the_next_one(server, outco
 
 
 def test_a_failed_flush_fails_every_statement_waiting_for_it(server, outcomes):
-    beside_a_running_statement(server, outcomes)
-    server.hold(f"{FLUSH} 1")
-    outcomes.start("first")
-    assert server.started[f"{FLUSH} 1"].wait(10)
-    outcomes.start("second")
-    outcomes.start("third")
-    wait_until(lambda: waiting_for_a_flush(outcomes.statements) == 2)
+    two_waiting_behind_a_flush(server, outcomes)
     lost = ConnectionError("server closed the connection")
     server.failures[f"{FLUSH} 2"] = lost
     server.release(f"{FLUSH} 1")
@@ -181,13 +180,7 @@ class Killed(BaseException):
 
 
 def test_a_flush_whose_sender_was_stopped_is_sent_again_by_a_waiter(server, outcomes):
-    beside_a_running_statement(server, outcomes)
-    server.hold(f"{FLUSH} 1")
-    outcomes.start("first")
-    assert server.started[f"{FLUSH} 1"].wait(10)
-    outcomes.start("second")
-    outcomes.start("third")
-    wait_until(lambda: waiting_for_a_flush(outcomes.statements) == 2)
+    two_waiting_behind_a_flush(server, outcomes)
     server.failures[f"{FLUSH} 2"] = Killed()
     server.release(f"{FLUSH} 1")
 
