@@ -622,7 +622,7 @@ class DurableStatements:
         self._flushes_sent = 0
         self._flushes_done = 0
         self._flushing = False
-        self._failed: tuple[int, BaseException] | None = None
+        self._failed: tuple[int, Exception] | None = None
         # A gevent condition in a worker: gunicorn's configuration patches threading first.
         self._flushed = threading.Condition()
 
