@@ -577,17 +577,21 @@ class KeptConnections:
         return True
 
 
-# Selected by the statements of execute_durably: their commit waits for the disk as the
-# server is configured to (commit_waits), or not at all. Local to the statement's
-# transaction: the connection's next statement commits as configured.
+# Selected by a statement run alone on PostgreSQL, these say how its transaction (the
+# statement) commits; local to it, so the connection's next statement commits as
+# configured. COMMIT_AS_CHOSEN, for the statements of execute_durably: waiting for the
+# disk as the server is configured to (commit_waits), or not at all.
+_SYNCHRONOUS_COMMIT = literal_column("'synchronous_commit'")
+_NOT_WAITING = literal_column("'off'")
+COMMIT_WITHOUT_WAITING = func.set_config(_SYNCHRONOUS_COMMIT, _NOT_WAITING, true())
 COMMIT_AS_CHOSEN = func.set_config(
-    literal_column("'synchronous_commit'"),
+    _SYNCHRONOUS_COMMIT,
     case(
         (
             bindparam("commit_waits", type_=Boolean()),
-            func.current_setting(literal_column("'synchronous_commit'")),
+            func.current_setting(_SYNCHRONOUS_COMMIT),
         ),
-        else_=literal_column("'off'"),
+        else_=_NOT_WAITING,
     ),
     true(),
 )

@@ -62,6 +62,7 @@ from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import (
     COMMIT_AS_CHOSEN,
+    COMMIT_WITHOUT_WAITING,
     BoundStatement,
     Money,
     UTCDateTime,
@@ -167,16 +168,6 @@ _CLOSE_HOLD = (
 _INSERT_ENTRY = insert(_entries)
 
 
-# Selected by the hold's statement, which runs alone: its transaction (that statement)
-# commits without waiting for the WAL to reach the disk, which costs PostgreSQL a sync
-# and the request its wait (about 0.25 ms here). A server crash can then lose only holds:
-# a settlement is on disk when it returns (execute_durably), and the WAL up to it with
-# it, holds included; a settlement whose hold was lost charges what the balance allows,
-# as for an expired one.
-# Local to the transaction: the connection's next statement commits as configured.
-_COMMIT_WITHOUT_WAITING = literal_column("set_config('synchronous_commit', 'off', true)")
-
-
 def _with_holder_id(statement: ClauseElement) -> Any:
     """Return ``statement`` with its ``account_id`` parameter renamed ``holder_id``.
 
@@ -203,10 +194,13 @@ def _hold_in_one_statement(
     account's before the key's, as in the separate statements), which yields their
     latest versions; the UPDATEs and the INSERT then apply only if both locks matched,
     and check nothing more of rows that nobody else can change meanwhile. So the
-    statement applies all of its steps or none, and needs no transaction around it; it
-    commits without waiting for the disk (_COMMIT_WITHOUT_WAITING). The SELECT says
-    which guards matched. No parameter is named like a column of the updated tables:
-    SQLAlchemy would SET it.
+    statement applies all of its steps or none, and needs no transaction around it. It
+    commits without waiting for the disk (COMMIT_WITHOUT_WAITING), which costs PostgreSQL
+    a sync and the request its wait (about 0.25 ms here). A server crash can then lose
+    only holds: a settlement is on disk when it returns (execute_durably), and the WAL
+    up to it with it, holds included; a settlement whose hold was lost charges what the
+    balance allows, as for an expired one. The SELECT says which guards matched. No
+    parameter is named like a column of the updated tables: SQLAlchemy would SET it.
     """
     covering = (
         select(_accounts.c.id).where(_with_holder_id(_ACCOUNT_ROW), covers).with_for_update()
@@ -253,7 +247,7 @@ def _hold_in_one_statement(
         .returning(_holds.c.id)
         .cte("inserted_hold")
     )
-    return select(*(_row_count(check) for check in checks), _COMMIT_WITHOUT_WAITING).add_cte(*steps)
+    return select(*(_row_count(check) for check in checks), COMMIT_WITHOUT_WAITING).add_cte(*steps)
 
 
 def _row_count(cte: CTE) -> ScalarSelect:

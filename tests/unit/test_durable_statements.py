@@ -7,7 +7,6 @@ waiting at once share.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -199,7 +198,7 @@ def test_on_postgresql_the_chosen_commit_and_the_flush_run_on_the_server(app):
 
     def run(statement: Any, parameters: dict[str, Any]) -> Any:
         with app.app_context():
-            rows = functools.partial(execute_alone, prepared=True)(statement, parameters)
+            rows = execute_alone(statement, parameters, prepared=True)
         ran.append((statement, rows))
         return rows
 
