@@ -262,7 +262,12 @@ def init_database(app: Flask) -> None:
     db.init_app(app)
     idle_seconds = app.config["DATABASE_IDLE_PING_SECONDS"]
     with app.app_context():
-        ping_idle_connections(db.engine, idle_seconds)
+        # The session's engine serves no statement of a billed request on PostgreSQL
+        # (they run alone, and again on a lost connection): its reads (the dashboard,
+        # GET /v1/key) can afford a ping of every pooled connection before its use.
+        ping_idle_connections(
+            db.engine, 0 if db.engine.dialect.name == "postgresql" else idle_seconds
+        )
         options = {**JSON_COLUMN_CODEC, **app.config["SQLALCHEMY_ENGINE_OPTIONS"]}
         alone = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", **options)
         ping_idle_connections(alone, idle_seconds)
@@ -270,7 +275,7 @@ def init_database(app: Flask) -> None:
         if db.engine.dialect.name == "postgresql":
             app.extensions[AUTOCOMMIT_ENGINE] = alone
             app.extensions[DURABLE_STATEMENTS] = DurableStatements(
-                functools.partial(execute_alone, prepared=True)
+                functools.partial(execute_alone, prepared=True, again_if_lost=False)
             )
         elif db.engine.dialect.name == "sqlite":
             app.extensions[SQLITE_WRITER] = SQLiteWriter(sqlite_writer_engine(db.engine))
@@ -317,8 +322,55 @@ def write_transaction(work: Callable[[Connection], Written]) -> Written:
     writer = current_app.extensions.get(SQLITE_WRITER)
     if writer is not None:
         return writer.run(work)
-    with db.engine.connect() as connection, connection.begin():
-        return work(connection)
+    try:
+        return _transaction(work)
+    except StatementsNotSent as lost:
+        log.warning("%s; running the transaction again on another connection", lost)
+    try:
+        return _transaction(work)
+    except StatementsNotSent as lost:
+        raise lost.error from None
+
+
+def failure_reason(error: exc.DBAPIError) -> str:
+    """Say why a statement failed in one line, without its text or parameters."""
+    lost = "the database connection was lost" if error.connection_invalidated else "it failed"
+    first_line = str(error.orig).strip().splitlines()[0] if str(error.orig).strip() else ""
+    return f"{lost}: {type(error.orig).__name__} {first_line}".rstrip()
+
+
+class StatementsNotSent(Exception):
+    """A transaction's connection was found lost before it committed: nothing was applied."""
+
+    def __init__(self, error: exc.DBAPIError) -> None:
+        super().__init__(failure_reason(error))
+        self.error = error
+
+
+def _transaction(work: Callable[[Connection], Written]) -> Written:
+    """Run ``work`` in a transaction on a pooled connection; commit it.
+
+    A connection the server closed while it sat in the pool fails the first statement
+    sent on it, and the transaction with it: StatementsNotSent says so, so that the
+    caller may run it again. A connection lost during the COMMIT is not one: the commit
+    may have been applied.
+    """
+    with db.engine.connect() as connection:
+        transaction = connection.begin()
+        try:
+            result = work(connection)
+        except exc.DBAPIError as error:
+            transaction.rollback()
+            if error.connection_invalidated:
+                raise StatementsNotSent(
+                    f"the database connection was lost: {error.orig}"
+                ) from error
+            raise
+        except BaseException:
+            transaction.rollback()
+            raise
+        transaction.commit()
+        return result
 
 
 # The most writes a process commits together: each one queued makes the first wait longer.
@@ -487,7 +539,11 @@ def _take_write_lock(connection: Connection) -> None:
 
 
 def execute_alone(
-    statement: Executable, parameters: dict[str, Any], *, prepared: bool = False
+    statement: Executable,
+    parameters: dict[str, Any],
+    *,
+    prepared: bool = False,
+    again_if_lost: bool = True,
 ) -> Sequence[Any]:
     """Run one statement on a connection of its own, in autocommit; return its rows.
 
@@ -496,19 +552,23 @@ def execute_alone(
     be all-or-nothing by itself; on SQLite it must write nothing, since writes wait
     their turn through write_transaction. ``prepared``, it is planned once per
     connection on PostgreSQL.
+
+    A statement whose connection is found lost (the server closed it while it sat
+    unused) runs once more on another, every kept connection given up with it: a read,
+    or a hold whose first try, if it was applied after all, is a hold nobody settles,
+    released when it expires. ``again_if_lost=False`` leaves that to the caller, for a
+    statement that must know whether it was applied (a settlement).
     """
     kept = current_app.extensions[KEPT_CONNECTIONS]
-    connection = kept.take()
+    if not again_if_lost:
+        return kept.run(statement, parameters, prepared=prepared)
     try:
-        if prepared and connection.dialect.name == "postgresql":
-            rows = execute_prepared(connection, statement, parameters)
-        else:
-            rows = fetch_on_driver(connection, statement, parameters)
-    except BaseException:
-        kept.discard(connection)
-        raise
-    kept.keep(connection)
-    return rows
+        return kept.run(statement, parameters, prepared=prepared)
+    except exc.DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+        log.warning("%s; running the statement again", failure_reason(error))
+    return kept.run(statement, parameters, prepared=prepared)
 
 
 class KeptConnections:
@@ -532,6 +592,22 @@ class KeptConnections:
         self._kept: list[tuple[Connection, float]] = []
         self._checked_out = 0
         self._pid = process_id()
+
+    def run(
+        self, statement: Executable, parameters: dict[str, Any], *, prepared: bool
+    ) -> Sequence[Any]:
+        """Run ``statement`` in autocommit on a kept connection; return its rows."""
+        connection = self.take()
+        try:
+            if prepared and connection.dialect.name == "postgresql":
+                rows = execute_prepared(connection, statement, parameters)
+            else:
+                rows = fetch_on_driver(connection, statement, parameters)
+        except BaseException:
+            self.discard(connection)
+            raise
+        self.keep(connection)
+        return rows
 
     def take(self) -> Connection:
         """Return a kept connection that is still good, else one from the pool."""

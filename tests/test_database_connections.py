@@ -10,10 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import sqlalchemy
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app import database as app_database
+from app.completions.models import Generation
+from app.credits import ledger
+from app.credits.models import LedgerEntry
 from app.database import (
     AUTOCOMMIT_ENGINE,
     KEPT_CONNECTIONS,
@@ -104,19 +108,30 @@ def test_connections_lost_while_idle_are_replaced_before_use(
     assert complete(client, funded_key.key).status_code == 200
 
 
-def test_a_connection_used_again_soon_is_not_pinged(postgres_url, drop_connections):
-    # The price of no round trip per checkout: a connection lost between two close uses
-    # fails its next statement, and the engine's pool then starts afresh.
+def test_a_connection_lost_between_two_close_uses_costs_no_statement(
+    postgres_url, drop_connections
+):
+    # Statements run alone are not pinged (a round trip per statement): the one that
+    # meets a lost connection runs again on another. The session's engine pings its
+    # connections before every use.
     app = app_pinging_after(postgres_url, idle_seconds=3600)
-    query_both_engines(app)
+    with app.app_context():
+        before = backend_pids(app)
 
     drop_connections()
 
-    with app.app_context(), pytest.raises(OperationalError):
-        execute_alone(sqlalchemy.text("SELECT 1"), {})
-    with app.app_context(), pytest.raises(OperationalError):
-        db.session.execute(sqlalchemy.text("SELECT 1"))
-    query_both_engines(app)
+    with app.app_context():
+        after = backend_pids(app)
+    # Both were replaced, and nothing failed.
+    assert not set(after) & set(before)
+
+
+def backend_pids(app) -> tuple[int, int]:
+    """The server processes of a statement run alone and of one run in the session."""
+    alone = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})[0][0]
+    in_session = db.session.scalar(sqlalchemy.text("SELECT pg_backend_pid()"))
+    db.session.commit()
+    return alone, in_session
 
 
 def deallocate_prepared_statements(app) -> None:
@@ -295,12 +310,24 @@ def test_a_lost_connection_sends_back_every_kept_one(postgres_url, drop_connecti
 
     drop_connections()
 
-    # As without a ping: the first statement on a lost connection fails...
-    with app.app_context(), pytest.raises(OperationalError):
-        execute_alone(sqlalchemy.text("SELECT 1"), {})
-    # ...and takes the other kept one (lost as well) with it, not the next statement.
+    # Without a ping, the first statement on a lost connection fails, and is run again
+    # on another: not the other kept one (lost as well), which went back with the first.
     with app.app_context():
+        connects = []
+        sqlalchemy.event.listen(kept.engine, "connect", lambda *_: connects.append(1))
         assert execute_alone(sqlalchemy.text("SELECT 1"), {}) == [(1,)]
+    assert len(connects) == 1
+
+
+def test_a_statement_that_must_know_whether_it_ran_is_not_run_again(postgres_url, drop_connections):
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    with app.app_context():
+        execute_alone(sqlalchemy.text("SELECT 1"), {})
+
+    drop_connections()
+
+    with app.app_context(), pytest.raises(OperationalError):
+        execute_alone(sqlalchemy.text("SELECT 1"), {}, again_if_lost=False)
 
 
 def test_a_forked_process_keeps_none_of_its_parents_connections(postgres_url, monkeypatch):
@@ -311,3 +338,45 @@ def test_a_forked_process_keeps_none_of_its_parents_connections(postgres_url, mo
         childs = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})
 
     assert parents != childs
+
+
+def test_a_hang_ups_settlement_that_meets_a_lost_connection_still_charges(
+    postgres_url, drop_connections, funded_key, monkeypatch, caplog
+):
+    monkeypatch.setattr(ledger, "SETTLE_RETRY_PAUSES", (0.01, 0.01))
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    slow = {"model": "dev-slow", "messages": [{"role": "user", "content": "one two three four"}]}
+    client = app.test_client()
+    # The key's use is recorded now: the stream's settlement is then one statement,
+    # run alone, which meets the lost connection itself.
+    assert complete(client, funded_key.key).status_code == 200
+    response = client.post(
+        "/v1/chat/completions",
+        json={**slow, "stream": True},
+        headers={"Authorization": f"Bearer {funded_key.key}"},
+        buffered=False,
+    )
+    events = response.iter_encoded()
+    delivered = next(events) + next(events)
+    assert delivered.count(b"data: {") >= 2
+
+    drop_connections()
+    # The caller hangs up: the server closes the stream, which settles on a lost connection.
+    response.close()
+
+    with app.app_context():
+        status, tokens, cost = db.session.execute(
+            select(Generation.status, Generation.completion_tokens, Generation.cost).where(
+                Generation.account_id == funded_key.account_id, Generation.streamed.is_(True)
+            )
+        ).one()
+        charges = db.session.scalars(
+            select(LedgerEntry.amount).where(
+                LedgerEntry.account_id == funded_key.account_id, LedgerEntry.kind == "charge"
+            )
+        ).all()
+        db.session.commit()
+    assert status == "cancelled" and tokens > 0
+    assert len(charges) == 2 and -cost in charges and cost > 0
+    retried = [r for r in caplog.records if "its settlement failed" in r.getMessage()]
+    assert retried and all(r.request_id == response.headers["X-Request-Id"] for r in retried)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,7 +53,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
 
@@ -69,6 +70,7 @@ from app.database import (
     execute_alone,
     execute_durably,
     execute_on_driver,
+    failure_reason,
     runs_alone,
     utcnow,
     write_transaction,
@@ -429,8 +431,12 @@ def place_hold(
     ttl_seconds: int,
     key_id: int | None = None,
     key_digest: str | None = None,
+    hold_id: str | None = None,
 ) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
     """Set ``amount`` aside for a request, or return why it cannot be covered.
+
+    ``hold_id`` names the hold: a generation's hold takes the generation's id, so that
+    whatever finds the hold (the sweeper, a retried Idempotency-Key) knows whose it is.
 
     With ``key_id`` the amount is also reserved on the key's row, in the same
     transaction, within the key's monthly limit if it has one, and only while the key is
@@ -441,9 +447,10 @@ def place_hold(
     :raise InvalidKey: the key was deleted or rotated since its caller was found.
     """
     key = (key_id, key_digest)
-    held = _try_place_hold(account_id, amount, ttl_seconds, key)
+    hold_id = hold_id or secrets.token_hex(16)
+    held = _try_place_hold(hold_id, account_id, amount, ttl_seconds, key)
     if not isinstance(held, HeldCredit) and release_expired_holds(account_id=account_id):
-        held = _try_place_hold(account_id, amount, ttl_seconds, key)
+        held = _try_place_hold(hold_id, account_id, amount, ttl_seconds, key)
     if held == _BALANCE_SHORT:
         return Shortfall(requested=amount, available=available_balance(account_id))
     if held == _KEY_REFUSED:
@@ -452,12 +459,16 @@ def place_hold(
 
 
 def _try_place_hold(
-    account_id: int, amount: Decimal, ttl_seconds: int, key: tuple[int | None, str | None]
+    hold_id: str,
+    account_id: int,
+    amount: Decimal,
+    ttl_seconds: int,
+    key: tuple[int | None, str | None],
 ) -> HeldCredit | str:
     now = utcnow()
     key_id, key_digest = key
     hold = {
-        "id": secrets.token_hex(16),
+        "id": hold_id,
         "account_id": account_id,
         "amount": amount,
         "api_key_id": key_id,
@@ -607,17 +618,14 @@ def settle_hold(
     balance and the key's monthly limit allow, never below zero or past the limit; what
     is left unpaid is logged, and is the generation record's shortfall. A hold placed on
     a key moves from the key's reservation to its month's spend.
+
+    A settlement is never given up for a database that does not answer: it is tried
+    again, on another connection, until it commits (or the process ends, and the sweeper
+    settles the hold when it expires). A try that failed may have committed all the
+    same (the connection was lost during the COMMIT): each try after the first asks the
+    hold first, and a hold found settled is not charged again.
     """
-    try:
-        charge = _settle_once(hold, cost, generation_id, records)
-    except IntegrityError:
-        if fallback_records is None:
-            raise
-        log.warning(
-            "generation %s: its records could not be written; settled with fallback records",
-            generation_id,
-        )
-        charge = _settle_once(hold, cost, generation_id, fallback_records)
+    charge = _settle_until_committed(hold, cost, generation_id, (records, fallback_records))
     if charge < cost:
         log.warning(
             "generation %s priced at $%s but only $%s could be charged: $%s unpaid",
@@ -627,6 +635,71 @@ def settle_hold(
             cost - charge,
         )
     return charge
+
+
+# Errors that say nothing was (or may not have been) committed, and another try can mend:
+# a lost connection, a server going away or restarting, a lock not granted in time.
+RETRYABLE_ERRORS = (OperationalError, InterfaceError)
+# Seconds between a settlement's tries: doubling from the first to the last.
+SETTLE_RETRY_PAUSES = (0.05, 5.0)
+
+
+def _settle_until_committed(
+    hold: HeldCredit,
+    cost: Decimal,
+    generation_id: str,
+    records: tuple[Records, Records | None],
+) -> Decimal:
+    pause, longest = SETTLE_RETRY_PAUSES
+    tries = 0
+    while True:
+        try:
+            if tries and (charged := settled_charge(hold.id, generation_id)) is not None:
+                return charged
+            return _settle_with_records(hold, cost, generation_id, records)
+        except RETRYABLE_ERRORS as error:
+            tries += 1
+            log.warning(
+                "generation %s: its settlement failed (%s, try %d); trying again in %.2f s",
+                generation_id,
+                failure_reason(error),
+                tries,
+                pause,
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, longest)
+
+
+def settled_charge(hold_id: str, generation_id: str) -> Decimal | None:
+    """Return what the settlement of ``hold_id`` charged, or None if it is not settled."""
+    status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
+    charged = db.session.scalar(
+        select(LedgerEntry.amount).where(LedgerEntry.generation_id == generation_id)
+    )
+    db.session.commit()
+    if status != SETTLED:
+        return None
+    return -charged if charged is not None else Decimal(0)
+
+
+def _settle_with_records(
+    hold: HeldCredit,
+    cost: Decimal,
+    generation_id: str,
+    records: tuple[Records, Records | None],
+) -> Decimal:
+    """Settle with the records, or with the fallback records if those cannot be written."""
+    first, fallback = records
+    try:
+        return _settle_once(hold, cost, generation_id, first)
+    except IntegrityError:
+        if fallback is None:
+            raise
+        log.warning(
+            "generation %s: its records could not be written; settled with fallback records",
+            generation_id,
+        )
+        return _settle_once(hold, cost, generation_id, fallback)
 
 
 def _settle_once(hold: HeldCredit, cost: Decimal, generation_id: str, records: Records) -> Decimal:
