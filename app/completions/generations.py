@@ -19,6 +19,7 @@ from sqlalchemy import insert
 from app.auth.keys import Caller, key_use_records
 from app.catalog.registry import Model
 from app.completions.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
+from app.completions.models import CANCELLED, COMPLETED, FAILED
 from app.completions.models import Generation as GenerationRecord
 from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
@@ -35,7 +36,6 @@ from app.observability.trace import RequestTrace, current_trace
 from app.providers.base import ChatRequest, Chunk, Completion, Usage, fingerprint_of
 from app.providers.router import complete_on_routes, stream_on_routes
 
-COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 # Built once: a statement costs more CPU to construct than to execute.
 _INSERT_GENERATION = insert(GenerationRecord.__table__)
@@ -65,9 +65,17 @@ class Generation:
 
 
 def start_generation(
-    *, caller: Caller, model: Model, request: ChatRequest, hold_ttl_seconds: int
+    *,
+    caller: Caller,
+    model: Model,
+    request: ChatRequest,
+    hold_ttl_seconds: int,
+    generation_id: str | None = None,
 ) -> Generation:
-    """Fit the request to the model and hold its worst-case cost.
+    """Fit the request to the model and hold its worst-case cost, under the generation's id.
+
+    ``generation_id`` is given when it was chosen before (an Idempotency-Key's claim
+    names the generation it runs); otherwise a new one is made.
 
     The hold is sized with a cheap upper bound of the prompt's tokens (its UTF-8 size);
     the prompt is tokenized only when that bound is too tight, for the context length or
@@ -83,14 +91,16 @@ def start_generation(
     prompt_tokens, exact = route.adapter.prompt_token_bound(request, route.target), False
     if prompt_tokens > model.context_length:
         prompt_tokens, exact = _prompt_tokens_within_context(request, model), True
-    held = _hold_worst_case(caller, model, request, prompt_tokens, hold_ttl_seconds)
+    generation_id = generation_id or new_generation_id()
+    hold = HoldTerms(caller, generation_id, hold_ttl_seconds)
+    held = _hold_worst_case(hold, model, request, prompt_tokens)
     if isinstance(held, Shortfall | MonthlyLimitShortfall) and not exact:
         prompt_tokens, exact = route.adapter.count_prompt_tokens(request, route.target), True
-        held = _hold_worst_case(caller, model, request, prompt_tokens, hold_ttl_seconds)
+        held = _hold_worst_case(hold, model, request, prompt_tokens)
     if isinstance(held, Shortfall | MonthlyLimitShortfall):
         raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
     generation = Generation(
-        id="chatcmpl-" + secrets.token_hex(12),
+        id=generation_id,
         caller=caller,
         model=model,
         request=request,
@@ -119,8 +129,22 @@ def _prompt_tokens_within_context(request: ChatRequest, model: Model) -> int:
     return tokens
 
 
+@dataclass(frozen=True)
+class HoldTerms:
+    """Who a generation's hold is placed for, under which id, and for how long."""
+
+    caller: Caller
+    hold_id: str
+    ttl_seconds: int
+
+
+def new_generation_id() -> str:
+    """Return a fresh generation id, as Chat Completions names its answers."""
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
 def _hold_worst_case(
-    caller: Caller, model: Model, request: ChatRequest, prompt_tokens: int, ttl_seconds: int
+    terms: HoldTerms, model: Model, request: ChatRequest, prompt_tokens: int
 ) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
     completion_tokens = (request.max_output_tokens or model.max_output_tokens) * (
         request.choice_count
@@ -129,13 +153,14 @@ def _hold_worst_case(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=model.pricing
     )
     return place_hold(
-        account_id=caller.account_id,
+        account_id=terms.caller.account_id,
         amount=worst,
-        ttl_seconds=ttl_seconds,
+        ttl_seconds=terms.ttl_seconds,
         # Every hold reserves on its key, limited or not, so that the key's month is exact
         # whenever a limit is put on it.
-        key_id=caller.key_id,
-        key_digest=caller.key_digest,
+        key_id=terms.caller.key_id,
+        key_digest=terms.caller.key_digest,
+        hold_id=terms.hold_id,
     )
 
 

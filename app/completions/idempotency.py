@@ -1,19 +1,27 @@
 """Callers' ``Idempotency-Key``: a retried request gets the first answer, not a second charge.
 
-A key is claimed before the request runs. A whole (non-streamed) answer is stored with
-the claim and replayed to a retry with the same key and body for 24 hours; a failed
-request gives its claim back so that the retry runs anew. A streamed answer cannot be
-replayed: its key stays used, so a retry is refused rather than charged again.
+A key is claimed before the request runs, and the claim names the generation that will
+run it: the generation's hold and its record carry that id. A whole (non-streamed)
+answer is stored with the claim and replayed to a retry with the same key and body for
+24 hours; a failed request gives its claim back so that the retry runs anew. A streamed
+answer cannot be replayed: its key stays used, so a retry is refused rather than charged
+again.
 
-A claim left without an answer by a worker that died outlives it only as long as a credit
-hold does (``HOLD_TTL_SECONDS``): after that a retry takes the key over. Claims and
-answers past their 24 hours are pruned by the sweeper, a batch at a time. A request's
-own writes to its claim run as the hold's do (``write_transaction``), so that on SQLite
-they wait for the write lock without stalling the worker.
+A claim without an answer is asked about its generation, so that no crash can charge the
+same key twice. While the generation's hold is open (its worker renews it while the
+request runs, however long) the retry is told the request is in progress. Once the
+generation is recorded, it was charged, and its answer was lost with its worker before it
+could be stored: the retry is told so, with the generation's id, and nothing runs again.
+Only a claim whose generation never held credit (or was released uncharged) and is older
+than a hold's TTL (``HOLD_TTL_SECONDS``) is taken over by the retry. Claims and answers
+past their 24 hours are pruned by the sweeper, a batch at a time. A request's own writes
+to its claim run as the hold's do (``write_transaction``), so that on SQLite they wait for
+the write lock without stalling the worker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,7 +29,9 @@ from sqlalchemy import Executable, delete, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app.completions.models import IdempotentRequest
+from app.completions.models import COMPLETED, Generation, IdempotentRequest
+from app.credits.ledger import OPEN
+from app.credits.models import Hold
 from app.database import utcnow, write_transaction
 from app.errors import APIError
 from app.extensions import db
@@ -59,11 +69,20 @@ class IdempotencyKeyInUse(APIError):
     code = "idempotency_key_in_use"
 
 
+class IdempotentAnswerLost(APIError):
+    """The key's first request was generated and charged, but its answer was lost."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_answer_lost"
+
+
 @dataclass(frozen=True)
 class Claim:
-    """A claimed key; ``replay`` holds the first answer when there is one to repeat."""
+    """A claimed key and the generation it runs; ``replay``: the first answer, to repeat."""
 
     id: int
+    generation_id: str | None = None
     replay: bytes | None = None
 
 
@@ -74,15 +93,25 @@ def check_key(key: str) -> str:
     return key
 
 
-def claim_key(*, account_id: int, key: str, body_digest: str, claim_ttl_seconds: int) -> Claim:
-    """Claim ``key`` for a request, or return the first answer to replay.
+def claim_key(
+    *,
+    account_id: int,
+    key: str,
+    body_digest: str,
+    claim_ttl_seconds: int,
+    new_generation_id: Callable[[], str],
+) -> Claim:
+    """Claim ``key`` for a generation named by ``new_generation_id()``, or return the replay.
 
-    A claim without an answer older than ``claim_ttl_seconds`` belonged to a request whose
-    worker died; it is taken over.
+    A claim without an answer, older than ``claim_ttl_seconds``, whose generation holds
+    no credit and was never charged, belonged to a request whose worker died before it
+    could bill anything: it is taken over.
 
     :raise IdempotencyKeyReused: the key was used with another body.
     :raise IdempotencyKeyInUse: its request is still running, or was streamed.
+    :raise IdempotentAnswerLost: its generation was charged, but its answer was lost.
     """
+    generation_id = new_generation_id()
 
     def claim(connection: Connection) -> int:
         connection.execute(
@@ -94,40 +123,89 @@ def claim_key(*, account_id: int, key: str, body_digest: str, claim_ttl_seconds:
         )
         return connection.execute(
             insert(IdempotentRequest)
-            .values(account_id=account_id, key=key, body_digest=body_digest)
+            .values(
+                account_id=account_id,
+                key=key,
+                body_digest=body_digest,
+                generation_id=generation_id,
+            )
             .returning(IdempotentRequest.id)
         ).scalar_one()
 
     try:
-        return Claim(id=write_transaction(claim))
+        return Claim(id=write_transaction(claim), generation_id=generation_id)
     except IntegrityError:
-        return _existing_claim(account_id, key, body_digest, claim_ttl_seconds)
-
-
-def _existing_claim(account_id: int, key: str, body_digest: str, claim_ttl_seconds: int) -> Claim:
+        pass
+    retry = {
+        "account_id": account_id,
+        "key": key,
+        "body_digest": body_digest,
+        "claim_ttl_seconds": claim_ttl_seconds,
+        "new_generation_id": new_generation_id,
+    }
     first = db.session.scalar(
         select(IdempotentRequest).where(
             IdempotentRequest.account_id == account_id, IdempotentRequest.key == key
         )
     )
     db.session.commit()
-    retry = {"account_id": account_id, "key": key, "body_digest": body_digest}
     if first is None:  # released between our insert and this read: the retry may go on
-        return claim_key(**retry, claim_ttl_seconds=claim_ttl_seconds)
+        return claim_key(**retry)
     if first.body_digest != body_digest:
         raise IdempotencyKeyReused()
     if first.response is not None:
-        return Claim(id=first.id, replay=first.response)
+        return Claim(id=first.id, generation_id=first.generation_id, replay=first.response)
     if first.streamed:
         raise IdempotencyKeyInUse(
             "This Idempotency-Key was used for a streamed request, which cannot be replayed."
         )
-    if first.created_at < utcnow() - timedelta(seconds=claim_ttl_seconds):
-        _drop_abandoned_claim(first.id)
-        return claim_key(**retry, claim_ttl_seconds=claim_ttl_seconds)
-    raise IdempotencyKeyInUse(
-        "A request with this Idempotency-Key is still in progress. Retry later."
-    )
+    _raise_unless_abandoned(first, claim_ttl_seconds)
+    _drop_abandoned_claim(first.id)
+    return claim_key(**retry)
+
+
+def _raise_unless_abandoned(claim: IdempotentRequest, claim_ttl_seconds: int) -> None:
+    """Raise unless ``claim``'s request died without charging anything.
+
+    The hold is read before the record: a settlement closes the one and writes the other
+    in one transaction, so a hold found closed has its record (if it has one) readable.
+
+    :raise IdempotencyKeyInUse: its generation still holds credit, or may yet place its hold.
+    :raise IdempotentAnswerLost: its generation was charged (or answered).
+    """
+    hold_open = claim.generation_id is not None and _hold_is_open(claim.generation_id)
+    generation = None if hold_open else _charged_generation(claim.generation_id)
+    db.session.commit()
+    if generation is not None:
+        raise IdempotentAnswerLost(
+            "The request with this Idempotency-Key already ran as generation "
+            f"'{generation.id}' and was charged ${generation.cost:f}; its answer was lost when "
+            "the server running it stopped. It is not run or charged again: GET "
+            f"/v1/generations/{generation.id} shows what it used, and a new key runs it anew."
+        )
+    young = claim.created_at >= utcnow() - timedelta(seconds=claim_ttl_seconds)
+    if hold_open or young:
+        raise IdempotencyKeyInUse(
+            "A request with this Idempotency-Key is still in progress. Retry later."
+        )
+
+
+def _hold_is_open(hold_id: str) -> bool:
+    return db.session.scalar(select(Hold.status).where(Hold.id == hold_id)) == OPEN
+
+
+def _charged_generation(generation_id: str | None) -> Generation | None:
+    """Return the generation ``generation_id`` if it was charged or answered, else None.
+
+    A generation that failed without producing anything was recorded at no cost: a retry
+    may run it anew.
+    """
+    if generation_id is None:
+        return None
+    generation = db.session.get(Generation, generation_id)
+    if generation is None or (generation.cost == 0 and generation.status != COMPLETED):
+        return None
+    return generation
 
 
 def _drop_abandoned_claim(claim_id: int) -> None:

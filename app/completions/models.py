@@ -8,6 +8,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.database import Money, UTCDateTime, utcnow
 from app.extensions import db
 
+# How a generation ended: answered; failed before producing anything; its caller went
+# away; its worker stopped while it streamed, billed from its last recorded progress.
+COMPLETED, FAILED, CANCELLED, INTERRUPTED = "completed", "failed", "cancelled", "interrupted"
+
 
 class Generation(db.Model):
     """One chat completion, written once, in the transaction that charges it.
@@ -70,6 +74,8 @@ class IdempotentRequest(db.Model):
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
     key: Mapped[str] = mapped_column(String(255))
     body_digest: Mapped[str] = mapped_column(String(64))
+    # The generation the request runs as: its hold and its record carry this id.
+    generation_id: Mapped[str | None] = mapped_column(String(64))
     streamed: Mapped[bool] = mapped_column(default=False)
     response = mapped_column(LargeBinary, nullable=True)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow, index=True)

@@ -6,8 +6,13 @@ from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
-from app.completions.decorators import honour_idempotency_key
-from app.completions.generations import run_completion, start_generation, stream_generation
+from app.completions.decorators import claimed_generation_id, honour_idempotency_key
+from app.completions.generations import (
+    new_generation_id,
+    run_completion,
+    start_generation,
+    stream_generation,
+)
 from app.completions.lookup import find_generation_or_raise, generation_body
 from app.completions.schemas import parse_chat_request
 from app.completions.sse import event_stream_response
@@ -19,7 +24,7 @@ bp = Blueprint("completions", __name__)
 
 @bp.post("/chat/completions")
 @require_api_key
-@honour_idempotency_key
+@honour_idempotency_key(new_generation_id)
 def create_chat_completion() -> Response:
     """Generate a chat completion, whole or streamed, paid from the caller's credits."""
     chat_request = parse_chat_request(json_body(request))
@@ -30,6 +35,7 @@ def create_chat_completion() -> Response:
         model=model,
         request=chat_request,
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+        generation_id=claimed_generation_id(),
     )
     if chat_request.stream:
         return event_stream_response(stream_generation(generation))
