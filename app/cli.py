@@ -31,8 +31,8 @@ from app.credits.accounts import (
     find_account,
     find_account_or_raise,
 )
-from app.credits.audit import audit_ledger
 from app.credits.errors import IdempotencyConflict
+from app.generations.audit import audit_ledger
 from app.providers.cooldown import upstream_cooldowns
 
 
@@ -270,16 +270,20 @@ def audit_command() -> None:
     """Check balance = sum of ledger and every charge against its prices; exit 1 on a mismatch.
 
     Generations charged less than their price (the balance or the key's limit ran out)
-    are listed as shortfalls: the books still add up.
+    are listed as shortfalls, and streams charged from their last recorded progress (their
+    worker stopped) as estimated: the books still add up.
     """
     report = audit_ledger()
     for mismatch in report.mismatches:
         click.echo(f"mismatch: {mismatch}", err=True)
     for shortfall in report.shortfalls:
         click.echo(f"shortfall: {shortfall}")
+    for estimated in report.estimated:
+        click.echo(f"estimated: {estimated}")
     click.echo(
         f"checked {report.accounts} accounts and {report.generations} generations: "
-        f"{len(report.mismatches)} mismatches, {len(report.shortfalls)} shortfalls"
+        f"{len(report.mismatches)} mismatches, {len(report.shortfalls)} shortfalls, "
+        f"{len(report.estimated)} estimated"
     )
     if report.mismatches:
         raise SystemExit(1)

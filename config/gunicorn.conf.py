@@ -111,7 +111,7 @@ def post_worker_init(worker):  # noqa: ANN001, ANN201
     """Start the worker's sweeper of expired holds, beside the requests it serves."""
     import gevent
 
-    from app.credits.sweeper import run_sweeper
+    from app.sweeper import run_sweeper
 
     gevent.spawn(run_sweeper, worker.wsgi)
 

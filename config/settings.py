@@ -46,6 +46,9 @@ class Config:
     MAX_CONTENT_LENGTH = 16 * 1024 * 1024
     # A hold outlives its request only when the worker died; it is released after this long.
     HOLD_TTL_SECONDS = 900
+    # How often a worker records what its streams delivered (one UPDATE for all of them):
+    # at most this much of a stream's text goes unbilled if the worker is killed.
+    STREAM_PROGRESS_SECONDS = 1.0
     JSON_SORT_KEYS = False
     # Whether the dashboard lets anyone sign up; when "closed", operators invite.
     SIGNUP = "open"

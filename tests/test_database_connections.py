@@ -15,7 +15,6 @@ from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app import database as app_database
-from app.completions.models import Generation
 from app.credits import ledger
 from app.credits.models import LedgerEntry
 from app.database import (
@@ -25,6 +24,7 @@ from app.database import (
     execute_alone,
 )
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG, running_server
 
 APPLICATION_NAME = "gateway-idle-ping-test"

@@ -24,11 +24,11 @@ from app.auth.caller_cache import CALLER_CACHE
 from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
 from app.catalog.registry import current_catalog
-from app.completions.models import Generation
 from app.credits.accounts import find_account_or_raise
 from app.credits.ledger import spend_month
 from app.database import PREPARED_STATEMENTS_LOST, BoundStatement, execute_alone, utcnow
 from app.extensions import db
+from app.generations.models import Generation
 
 KEY_PREFIX = "sk-gw-"
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -6,17 +6,18 @@ from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
-from app.completions.decorators import claimed_generation_id, honour_idempotency_key
-from app.completions.generations import (
-    new_generation_id,
-    run_completion,
-    start_generation,
-    stream_generation,
-)
-from app.completions.lookup import find_generation_or_raise, generation_body
+from app.completions.bodies import chunk_bodies, completion_body
 from app.completions.schemas import parse_chat_request
 from app.completions.sse import event_stream_response
 from app.encoding import dumps
+from app.generations.decorators import claimed_generation_id, honour_idempotency_key
+from app.generations.lifecycle import (
+    new_generation_id,
+    run_generation,
+    start_generation,
+    stream_generation,
+)
+from app.generations.lookup import find_generation_or_raise, generation_body
 from app.request_body import json_body
 
 bp = Blueprint("completions", __name__)
@@ -38,8 +39,9 @@ def create_chat_completion() -> Response:
         generation_id=claimed_generation_id(),
     )
     if chat_request.stream:
-        return event_stream_response(stream_generation(generation))
-    return Response(dumps(run_completion(generation)), mimetype="application/json")
+        return event_stream_response(chunk_bodies(generation, stream_generation(generation)))
+    answer = run_generation(generation)
+    return Response(dumps(completion_body(generation, answer)), mimetype="application/json")
 
 
 @bp.get("/generations/<generation_id>")

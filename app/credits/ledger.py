@@ -847,10 +847,50 @@ def extend_holds(hold_ids: Sequence[str], *, ttl_seconds: int) -> int:
     return write_transaction(extend)
 
 
+_RECORD_PROGRESS = (
+    update(_holds)
+    .where(_holds.c.id == bindparam("hold_id"), _holds.c.status == OPEN)
+    .values(progress=bindparam("progress"))
+)
+
+
+def record_progress(progress_by_hold: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """Keep each open hold's ``progress``: what its stream delivered, priced if it dies.
+
+    One statement for all of them, in one transaction.
+    """
+    if not progress_by_hold:
+        return
+    rows = [{"hold_id": hold_id, "progress": progress} for hold_id, progress in progress_by_hold]
+    write_transaction(lambda connection: connection.execute(_RECORD_PROGRESS, rows))
+
+
+def expired_holds_with_progress(*, limit: int = 500) -> list[tuple[HeldCredit, dict[str, Any]]]:
+    """Return open holds past their expiry whose stream recorded progress, with it.
+
+    Their worker died while they streamed: they are settled at their progress
+    (``app.generations.lifecycle.settle_interrupted``), not released.
+    """
+    rows = db.session.execute(
+        select(Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id, Hold.progress)
+        .where(Hold.status == OPEN, Hold.expires_at < utcnow(), Hold.progress.is_not(None))
+        .limit(limit)
+    ).all()
+    db.session.commit()
+    return [
+        (HeldCredit(row.id, row.account_id, row.amount, row.api_key_id), row.progress)
+        for row in rows
+    ]
+
+
 def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:
-    """Release open holds past their expiry (their worker died); return how many."""
+    """Release open holds past their expiry (their worker died); return how many.
+
+    A hold whose stream recorded progress is left to be settled at it (see
+    ``expired_holds_with_progress``).
+    """
     query = select(Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id).where(
-        Hold.status == OPEN, Hold.expires_at < utcnow()
+        Hold.status == OPEN, Hold.expires_at < utcnow(), Hold.progress.is_(None)
     )
     if account_id is not None:
         query = query.where(Hold.account_id == account_id)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.database import Money, UTCDateTime, utcnow
@@ -82,3 +91,6 @@ class Hold(db.Model):
     status: Mapped[str] = mapped_column(String(16), default="open")
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     expires_at = mapped_column(UTCDateTime, nullable=False)
+    # A stream's record of what it delivered so far, kept by its worker: what the hold is
+    # settled at if it expires (the worker died) before the stream settled it.
+    progress = mapped_column(JSON, nullable=True)

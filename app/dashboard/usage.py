@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import Select, String, case, func, select
 
 from app.auth.models import DELETED, ApiKey
-from app.completions.models import Generation
 from app.dashboard.pages import Page, fetch_page
 from app.extensions import db
+from app.generations.models import Generation
 
 # A deleted key's generations keep its name, marked, so that past spend stays attributed.
 KEY_NAME = case((ApiKey.state == DELETED, ApiKey.name + " (deleted)"), else_=ApiKey.name)

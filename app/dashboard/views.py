@@ -32,7 +32,6 @@ from app.auth import keys
 from app.auth.errors import InvalidKeyLimits
 from app.auth.models import ApiKey
 from app.catalog.registry import current_catalog
-from app.completions.models import Generation
 from app.credits.accounts import AccountExists
 from app.credits.errors import IdempotencyConflict
 from app.credits.ledger import grant_credits
@@ -57,6 +56,7 @@ from app.dashboard.security import (
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf
+from app.generations.models import Generation
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(

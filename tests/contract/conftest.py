@@ -7,9 +7,9 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from app.completions.models import Generation
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
+from app.generations.models import Generation
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from decimal import Decimal
 import requests
 from sqlalchemy import func, select
 
-from app.completions.models import Generation
 from app.credits.models import Account, LedgerEntry
 from app.extensions import db
+from app.generations.models import Generation
 
 
 def post_completion(live_server, key, body):

@@ -9,9 +9,9 @@ from decimal import Decimal
 import requests
 from sqlalchemy import select
 
-from app.completions.models import Generation
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import running_server
 
 REQUESTS = 300

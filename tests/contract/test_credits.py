@@ -10,9 +10,9 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from app.completions.models import Generation
 from app.credits.models import Account
 from app.extensions import db
+from app.generations.models import Generation
 from tests.contract.conftest import billing_records as records
 from tests.contract.conftest import open_slow_stream
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -12,6 +13,7 @@ from sqlalchemy import select
 
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import running_server
 from tests.contract.conftest import open_slow_stream
 
@@ -63,3 +65,62 @@ def test_a_killed_workers_hold_expires_and_is_released(
     account, statuses, charges = holds_of(app, funded.account_id)
     assert statuses == ["expired"]
     assert account.reserved == 0 and account.balance == Decimal("1") and charges == []
+
+
+def recorded_progress(app, hold_id: str) -> dict | None:
+    with app.app_context():
+        progress = db.session.scalar(select(Hold.progress).where(Hold.id == hold_id))
+        db.session.commit()
+        return progress
+
+
+def generation_of(app, generation_id: str) -> Generation | None:
+    with app.app_context():
+        generation = db.session.get(Generation, generation_id)
+        if generation is not None:
+            db.session.expunge(generation)
+        db.session.commit()
+        return generation
+
+
+def wait_for(read, seconds: float):
+    """Call ``read`` until it returns something true, for at most ``seconds``; return that."""
+    deadline = time.monotonic() + seconds
+    while not (value := read()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def test_a_stream_whose_worker_is_killed_is_charged_what_it_delivered(
+    app, database_url, tmp_path, make_funded_key
+):
+    funded = make_funded_key(Decimal("1"))
+    with running_server(database_url, tmp_path, HOLD_TTL_SECONDS="4") as server:
+        response = open_slow_stream(server.url, funded.key)
+        events = (json.loads(line[6:]) for line in response.iter_lines() if line)
+        received = [next(events) for _ in range(30)]
+        generation_id = received[0]["id"]
+        delivered = sum(bool(e["choices"][0]["delta"].get("content")) for e in received)
+        # What the worker records, about once a second, has caught up with the caller.
+        progress = wait_for(
+            lambda: (
+                (p := recorded_progress(app, generation_id))
+                and p["completion_tokens"] >= delivered
+                and p
+            ),
+            10,
+        )
+        assert progress, "the stream's progress was never recorded"
+        (worker,) = child_pids(server.process.pid)
+        os.kill(worker, signal.SIGKILL)
+        response.close()
+
+        generation = wait_for(lambda: generation_of(app, generation_id), 20)
+    account, statuses, charges = holds_of(app, funded.account_id)
+    assert generation is not None, "the killed stream's hold was never settled"
+    assert generation.status == "interrupted" and generation.estimated
+    assert generation.completion_tokens >= delivered
+    assert generation.completion_tokens >= progress["completion_tokens"]
+    assert statuses == ["settled"] and account.reserved == 0
+    assert [charge.amount for charge in charges] == [-generation.cost] and generation.cost > 0
+    assert account.balance == Decimal("1") - generation.cost

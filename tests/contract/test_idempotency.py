@@ -9,10 +9,10 @@ from datetime import timedelta
 import requests
 from sqlalchemy import func, select
 
-from app.completions.models import IdempotentRequest
-from app.credits.sweeper import prune_idempotency_records
 from app.database import utcnow
 from app.extensions import db
+from app.generations.models import IdempotentRequest
+from app.sweeper import prune_idempotency_records
 from tests.contract.conftest import billing_records
 
 BODY = json.dumps({"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hi"}]})

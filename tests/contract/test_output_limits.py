@@ -11,9 +11,9 @@ import requests
 from sqlalchemy import select
 
 from app.auth.keys import create_key
-from app.completions.models import Generation
 from app.credits.models import Account
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import running_server
 from tests.factories import AccountFactory
 from tests.upstream_server import ReplayServer, Reply

@@ -12,9 +12,9 @@ from sqlalchemy import delete, select
 
 from app.auth import keys
 from app.auth.models import ApiKey
-from app.completions.models import Generation
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import running_server
 from tests.upstream_server import ReplayServer, Reply
 

@@ -11,11 +11,11 @@ from app import create_app
 from app.accounts.models import AccountPassword
 from app.auth.keys import create_key
 from app.auth.models import ApiKey
-from app.completions.models import Generation
 from app.credits.ledger import grant_credits
 from app.credits.models import Account, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG
 from tests.dashboard.conftest import (
     PASSWORD,

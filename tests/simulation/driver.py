@@ -18,22 +18,32 @@ import pytest
 from flask import Flask
 from sqlalchemy import bindparam, case, func, select, true, type_coerce
 
+from app import sweeper
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
 from app.catalog.registry import Model, Route
-from app.completions import generations
-from app.completions.generations import Generation
-from app.completions.models import Generation as GenerationRecord
+from app.completions.bodies import chunk_bodies, completion_body
 from app.credits import ledger
 from app.credits.accounts import create_account
-from app.credits.audit import audit_ledger
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
 from app.credits.pricing import Pricing, cost_of, worst_case_cost
-from app.credits.sweeper import LiveHolds, renew_live_holds, sweep_expired_holds, sweep_interval
 from app.database import Money, UTCDateTime
+from app.encoding import dumps
 from app.extensions import db
+from app.generations import idempotency
+from app.generations import lifecycle as generations
+from app.generations.audit import audit_ledger
+from app.generations.lifecycle import Generation
+from app.generations.models import Generation as GenerationRecord
 from app.providers.base import ChatRequest, RouteTarget, Usage
+from app.sweeper import (
+    LiveHolds,
+    record_stream_progress,
+    renew_live_holds,
+    sweep_expired_holds,
+    sweep_interval,
+)
 from tests.simulation.upstream import SCRIPT_FIELD, SimulatedAdapter
 
 UNAUTHORIZED, REVOKED, INSUFFICIENT = 401, 403, 402
@@ -69,8 +79,8 @@ class SimulatedClock:
 
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
-    """Make the ledger, the generation lifecycle and the keys read ``clock``."""
-    for module in (ledger, generations, keys):
+    """Make the ledger, the generation lifecycle, the keys and their claims read ``clock``."""
+    for module in (ledger, generations, keys, idempotency):
         monkeypatch.setattr(module, "utcnow", clock.now)
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
@@ -112,11 +122,12 @@ class Workers:
         request: ChatRequest,
         clock: SimulatedClock,
         ttl: int,
+        generation_id: str | None = None,
     ) -> Generation | int:
         """``start`` the request in ``worker``, which renews its hold from then on."""
         self.serving = worker
         try:
-            return start(key_value, model, request, clock, ttl)
+            return start(key_value, model, request, clock, ttl, generation_id)
         finally:
             self.serving = None
 
@@ -125,6 +136,10 @@ class Workers:
         for generation in running:
             bury(generation)
         self.registries.pop(worker, None)
+
+    def record_progress(self, app: Flask, worker: int) -> int:
+        """``worker`` records what its streams delivered since last time; return how many."""
+        return record_stream_progress(app, self.registry(worker))
 
     def sweep(self, app: Flask, workers: Iterable[int]) -> int:
         """The sweepers of ``workers`` run: each renews its live holds, then expired ones go.
@@ -231,7 +246,12 @@ def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) ->
 
 
 def start(
-    key_value: str, model: Model, request: ChatRequest, clock: SimulatedClock, ttl: int
+    key_value: str,
+    model: Model,
+    request: ChatRequest,
+    clock: SimulatedClock,
+    ttl: int,
+    generation_id: str | None = None,
 ) -> Generation | int:
     """Authenticate as the view does and hold the worst case; or return the refusal's status."""
     caller = keys.find_caller(key_value)
@@ -240,7 +260,11 @@ def start(
         return UNAUTHORIZED if caller is None else REVOKED
     try:
         generation = generations.start_generation(
-            caller=caller, model=model, request=request, hold_ttl_seconds=ttl
+            caller=caller,
+            model=model,
+            request=request,
+            hold_ttl_seconds=ttl,
+            generation_id=generation_id,
         )
     except InsufficientCredits:
         db.session.rollback()
@@ -255,7 +279,7 @@ def open_stream(generation: Generation) -> Iterator[dict[str, Any]]:
 
     The Nones between bodies only pace the writer's sends; closing this closes the stream.
     """
-    stream = generations.stream_generation(generation)
+    stream = chunk_bodies(generation, generations.stream_generation(generation))
     try:
         for body in stream:
             if body is not None:
@@ -266,12 +290,52 @@ def open_stream(generation: Generation) -> Iterator[dict[str, Any]]:
 
 def complete(generation: Generation) -> dict[str, Any]:
     """Run a whole (non-streamed) generation; return its response body."""
-    return generations.run_completion(generation)
+    return completion_body(generation, generations.run_generation(generation))
 
 
 def close_stream(stream: Iterator[dict[str, Any]]) -> None:
     """The server closes the stream's generator: the caller went away, or it is done."""
     stream.close()  # type: ignore[attr-defined]
+
+
+CLAIMED, REPLAYED, IN_PROGRESS, ANSWER_LOST = "claimed", "replayed", "in progress", "answer lost"
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """What claiming an Idempotency-Key gave: a claim to run under, or why not."""
+
+    kind: str
+    claim: Any = None
+    generation_id: str | None = None
+
+
+def claim_key(account_id: int, key: str, ttl: int) -> ClaimOutcome:
+    """Claim ``key`` as the view's decorator does, for a request whose body is the key's own."""
+    try:
+        claim = idempotency.claim_key(
+            account_id=account_id,
+            key=key,
+            body_digest=key,
+            claim_ttl_seconds=ttl,
+            new_generation_id=generations.new_generation_id,
+        )
+    except idempotency.IdempotentAnswerLost as lost:
+        return ClaimOutcome(ANSWER_LOST, generation_id=lost.generation_id)
+    except idempotency.IdempotencyKeyInUse:
+        return ClaimOutcome(IN_PROGRESS)
+    kind = CLAIMED if claim.replay is None else REPLAYED
+    return ClaimOutcome(kind, claim, claim.generation_id)
+
+
+def store_answer(claim: Any, body: dict[str, Any]) -> None:
+    """Store a whole answer under its claim, as the decorator does after the view."""
+    idempotency.store_answer(claim, dumps(body))
+
+
+def release_claim(claim: Any) -> None:
+    """Give the claim back, as the decorator does when its request failed."""
+    idempotency.release_claim(claim)
 
 
 def bury(generation: Generation) -> None:
@@ -432,6 +496,7 @@ class Settlement:
     records: list[Any]
     charges: list[Decimal]
     shortfalls: list[Decimal]
+    statuses: list[str]
 
 
 def settlement(generation_id: str) -> Settlement:
@@ -443,6 +508,7 @@ def settlement(generation_id: str) -> Settlement:
             GenerationRecord.cached_tokens,
             GenerationRecord.cost,
             GenerationRecord.shortfall,
+            GenerationRecord.status,
         ).where(GenerationRecord.id == generation_id)
     ).all()
     charges = db.session.scalars(
@@ -454,6 +520,7 @@ def settlement(generation_id: str) -> Settlement:
         records=[record[:4] for record in records],
         charges=[-amount for amount in charges],
         shortfalls=[record[4] for record in records],
+        statuses=[record[5] for record in records],
     )
 
 
@@ -464,6 +531,8 @@ class Audit:
     mismatches: list[str]
     # The ids of the generations it reports as not paid in full.
     shortfalls: set[str]
+    # The ids of the generations it reports as charged from a stream's last progress.
+    estimated: set[str]
 
 
 def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
@@ -476,6 +545,11 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
         shortfalls={
             generation_subjects[m.subject]
             for m in report.shortfalls
+            if m.subject in generation_subjects
+        },
+        estimated={
+            generation_subjects[m.subject]
+            for m in report.estimated
             if m.subject in generation_subjects
         },
     )
@@ -521,3 +595,18 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a key's hold is placed whatever its monthly limit."""
     monkeypatch.setattr(ledger, "_KEY_WITHIN_LIMIT", true())
+
+
+def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the claims on purpose: a claim older than the TTL is taken over, charged or not."""
+
+    def abandoned_after_ttl(claim: Any, claim_ttl_seconds: int) -> None:
+        if claim.created_at >= idempotency.utcnow() - timedelta(seconds=claim_ttl_seconds):
+            raise idempotency.IdempotencyKeyInUse()
+
+    monkeypatch.setattr(idempotency, "_raise_unless_abandoned", abandoned_after_ttl)
+
+
+def plant_progress_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the sweeper on purpose: what a stream delivered is never recorded."""
+    monkeypatch.setattr(sweeper, "progress_of", lambda generation: None)

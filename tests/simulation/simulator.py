@@ -39,6 +39,9 @@ SCHEDULE_SHOWN = 40
 # every 1% of a longer run) and at the end, while the per-step checks cover the same
 # balances for the simulated accounts.
 AUDIT_EVERY = 100
+# Retries of an Idempotency-Key come this soon after its last claim, inside the 24 hours
+# a claim is kept (app.generations.idempotency.REPLAY_WINDOW).
+KEY_RETRIES_WITHIN = timedelta(hours=23)
 
 
 class SimulationFailure(AssertionError):
@@ -106,6 +109,18 @@ class SimRequest:
     # When its upstream's read timeout fails it, unless a chunk arrives first.
     deadline: float = 0.0
     slow_caller: bool = False
+    # A whole request sent with an Idempotency-Key: its claim, when it was made, the
+    # answer to store under it, and whether it was stored.
+    idempotency_key: str | None = None
+    claim: Any = None
+    claimed_at: float = 0.0
+    answer: dict[str, Any] | None = None
+    stored: bool = False
+    # What its worker last recorded of what the stream delivered (its usage), and when
+    # a dead request's hold was found ended and its settlement checked.
+    recorded: Usage | None = None
+    recorded_delivered: int = 0
+    death_checked: bool = False
 
     @property
     def name(self) -> str:
@@ -152,6 +167,12 @@ class Simulation:
         self.key_excess: dict[str, Decimal] = {}
         self.audit_every = max(AUDIT_EVERY, steps // 100)
         self.limit_changed: SimKey | None = None
+        # Each Idempotency-Key's requests, in the order they ran under it.
+        self.keyed: dict[str, list[SimRequest]] = {}
+        # Whole answers charged whose worker has not stored them under their key yet.
+        self.unstored: list[SimRequest] = []
+        # The generations charged from a dead stream's last recorded progress.
+        self.interrupted: set[str] = set()
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
@@ -192,7 +213,11 @@ class Simulation:
         if self.live:
             actions += [(self.advance, 45), (self.kill_worker, 1)]
         if any(r.chunks is not None for r in self.live):
-            actions.append((self.hang_up, 4))
+            actions += [(self.hang_up, 4), (self.record_progress, 6)]
+        if self.retriable_keys():
+            actions.append((self.retry, 3))
+        if self.unstored:
+            actions.append((self.store_answer, 4))
         choices, weights = zip(*actions, strict=True)
         return self.random.choices(choices, weights)[0]
 
@@ -233,12 +258,29 @@ class Simulation:
     # Requests.
 
     def start_request(self) -> str:
-        """A caller sends a request with one of its account's keys (maybe a stale one)."""
+        """A caller sends a request with one of its account's keys (maybe a stale one).
+
+        A third of the whole requests carry an Idempotency-Key, claimed before they run.
+        """
         account = self.random.choice(self.accounts)
         key, value, expected = self.pick_key(account)
         model = self.random.choice(self.models)
         stream = self.random.random() < 0.6
         max_tokens = self.random.choice([16, 64, 256, 1024])
+        request = self.new_request(account, key, model, stream=stream, max_tokens=max_tokens)
+        if not stream and self.random.random() < 0.35:
+            request.idempotency_key = f"idem-{request.number}"
+            self.keyed[request.idempotency_key] = [request]
+            claimed = self.claim(request)
+            if claimed.kind != driver.CLAIMED:
+                self.fail([f"{request.name}: a new Idempotency-Key was {claimed.kind}"])
+        described = self.launch(request, value, expected)
+        return f"start {request.name} max_tokens={max_tokens}: {described}"
+
+    def new_request(
+        self, account: SimAccount, key: SimKey, model: Any, *, stream: bool, max_tokens: int
+    ) -> SimRequest:
+        """A request of ``account`` with ``key``, its upstream's script written."""
         request = SimRequest(
             number=len(self.requests) + 1,
             account=account,
@@ -251,11 +293,28 @@ class Simulation:
         )
         self.requests.append(request)
         self.adapter.scripts[request.number] = request.script
-        chat = driver.chat_request(request.number, model, stream=stream, max_tokens=max_tokens)
-        outcome = self.processes.start(request.worker, value, model, chat, self.clock, self.ttl)
-        return f"start {request.name} max_tokens={max_tokens}: " + self.started(
-            request, outcome, expected
+        return request
+
+    def claim(self, request: SimRequest) -> Any:
+        """Claim the request's Idempotency-Key, as the view's decorator does first."""
+        claimed = driver.claim_key(request.account.id, request.idempotency_key, self.ttl)
+        if claimed.kind == driver.CLAIMED:
+            request.claim, request.claimed_at = claimed.claim, self.clock.elapsed
+        return claimed
+
+    def launch(self, request: SimRequest, value: str, expected: int | None) -> str:
+        """Start the request in its worker, under its claim's generation id if it has one."""
+        chat = driver.chat_request(
+            request.number, request.model, stream=request.stream, max_tokens=request.max_tokens
         )
+        generation_id = None if request.claim is None else request.claim.generation_id
+        outcome = self.processes.start(
+            request.worker, value, request.model, chat, self.clock, self.ttl, generation_id
+        )
+        described = self.started(request, outcome, expected)
+        if request.claim is not None and request.state == REFUSED:
+            driver.release_claim(request.claim)
+        return described
 
     def started(self, request: SimRequest, outcome: Any, expected: int | None) -> str:
         """Record how the start went and check a refusal was the right one."""
@@ -375,14 +434,99 @@ class Simulation:
         return f"chunk of {request.name}, {request.delivered} tokens delivered"
 
     def complete_whole(self, request: SimRequest, cap: Decimal) -> str:
-        """Run a non-streamed request to its answer or its failure."""
+        """Run a non-streamed request to its answer or its failure.
+
+        A failed request gives its Idempotency-Key's claim back; an answer is stored under
+        it at once, or by a later step of its worker (which may die first).
+        """
         try:
             body = driver.complete(request.generation)
         except UpstreamError:
+            if request.claim is not None:
+                driver.release_claim(request.claim)
             return self.end(request, cap, completed=False, how="upstream failed")
         request.told_cost = driver.body_cost(body)
         request.delivered = request.script.completion_tokens
-        return self.end(request, cap, completed=True, how="answered")
+        described = self.end(request, cap, completed=True, how="answered")
+        if request.claim is not None:
+            request.answer = body
+            if self.random.random() < 0.7:
+                self.store(request)
+            else:
+                self.unstored.append(request)
+        return described
+
+    def store(self, request: SimRequest) -> None:
+        """Store the request's whole answer under its Idempotency-Key."""
+        driver.store_answer(request.claim, request.answer)
+        request.stored = True
+
+    def store_answer(self) -> str:
+        """A worker stores a whole answer it charged under its Idempotency-Key."""
+        request = self.random.choice(self.unstored)
+        self.unstored.remove(request)
+        self.store(request)
+        return f"store the answer of {request.name} under {request.idempotency_key}"
+
+    def retry(self) -> str:
+        """A caller sends a request again with its Idempotency-Key.
+
+        It is replayed, refused as in progress or as charged with its answer lost, or run
+        anew when its last run charged nothing and holds nothing, never charged twice.
+        """
+        key = self.random.choice(self.retriable_keys())
+        last = self.keyed[key][-1]
+        expected = self.expected_claim(last)
+        claimed = driver.claim_key(last.account.id, key, self.ttl)
+        problems = []
+        if claimed.kind != expected:
+            problems.append(f"retry of {key} after {last.name} ({last.state}): {claimed.kind}")
+        elif expected == driver.ANSWER_LOST and claimed.generation_id != last.generation.id:
+            problems.append(f"retry of {key} names {claimed.generation_id}, not {last.name}")
+        if problems:
+            self.fail([*problems, f"expected {expected}"])
+        if claimed.kind != driver.CLAIMED:
+            return f"retry {key}: {claimed.kind}"
+        return f"retry {key}: " + self.run_again(last, claimed)
+
+    def retriable_keys(self) -> list[str]:
+        """The keys whose last claim is well within the 24 hours a key is kept for.
+
+        A key past them is pruned and may be used anew (and charged anew): its promise
+        of one charge holds within those 24 hours.
+        """
+        horizon = self.clock.elapsed - KEY_RETRIES_WITHIN.total_seconds()
+        return sorted(key for key, runs in self.keyed.items() if runs[-1].claimed_at > horizon)
+
+    def expected_claim(self, last: SimRequest) -> str:
+        """What a retry of the key that ``last`` ran under must get."""
+        if last.stored:
+            return driver.REPLAYED
+        if last.state in (OPEN, STREAMING):
+            return driver.IN_PROGRESS
+        if last.state == ENDED:
+            charged = sum(driver.settlement(last.generation.id).charges)
+            driver.end_reads()
+            # An answer, or a charge, means the request ran: its claim stays used.
+            return driver.ANSWER_LOST if charged or last.answer is not None else driver.CLAIMED
+        if last.state == DEAD:
+            hold_open = driver.hold_is_open(driver.hold_of(last.generation)[0])
+            driver.end_reads()
+            young = self.clock.elapsed - last.claimed_at <= self.ttl
+            return driver.IN_PROGRESS if hold_open or young else driver.CLAIMED
+        return driver.CLAIMED  # refused: its claim was given back
+
+    def run_again(self, last: SimRequest, claimed: Any) -> str:
+        """Run the key's request anew, as its caller's retry does once it holds the claim."""
+        expected = {ACTIVE: None, REVOKED: driver.REVOKED, DELETED: driver.UNAUTHORIZED}
+        request = self.new_request(
+            last.account, last.key, last.model, stream=False, max_tokens=last.max_tokens
+        )
+        request.idempotency_key = last.idempotency_key
+        request.claim, request.claimed_at = claimed.claim, self.clock.elapsed
+        self.keyed[request.idempotency_key].append(request)
+        described = self.launch(request, last.key.value, expected[last.key.state])
+        return f"{request.name} runs it anew: {described}"
 
     def hang_up(self) -> str:
         """A caller of a running stream goes away: the server closes its generator."""
@@ -392,7 +536,10 @@ class Simulation:
         return self.end(request, cap, completed=False, how="caller hung up")
 
     def kill_worker(self) -> str:
-        """A worker dies: its requests vanish without settling; a new worker takes its place."""
+        """A worker dies: its requests vanish without settling; a new worker takes its place.
+
+        The whole answers it charged but had not stored under their key are lost with it.
+        """
         worker = self.random.choice(self.workers)
         victims = [r for r in self.live if r.worker == worker]
         self.processes.kill(worker, [r.generation for r in victims])
@@ -400,8 +547,71 @@ class Simulation:
             request.chunks = None
             request.state = DEAD
             self.live.remove(request)
+        lost = [r for r in self.unstored if r.worker == worker]
+        self.unstored = [r for r in self.unstored if r.worker != worker]
         self.workers[self.workers.index(worker)] = max(self.workers) + 1
-        return f"worker {worker} died with {[r.number for r in victims]}"
+        return f"worker {worker} died with {[r.number for r in victims]}, answers {len(lost)}"
+
+    def record_progress(self) -> str:
+        """A worker records what each of its streams delivered since its last record."""
+        worker = self.random.choice(self.workers)
+        return self.progress_tick(worker)
+
+    def progress_tick(self, worker: int) -> str:
+        """``worker`` records its streams' progress; it must be what the callers received."""
+        recorded = self.processes.record_progress(self.app, worker)
+        expected = []
+        for request in self.live:
+            fresh = request.delivered > request.recorded_delivered
+            if request.worker == worker and request.chunks is not None and fresh:
+                request.recorded = self.expected_usage(request, completed=False)
+                request.recorded_delivered = request.delivered
+                expected.append(request.number)
+        if recorded != len(expected):
+            self.fail([f"worker {worker} recorded {recorded} streams, expected {expected}"])
+        return f"worker {worker} recorded the progress of {expected}" if expected else ""
+
+    def check_dead_requests(self) -> None:
+        """A dead request whose hold ended was charged its last recorded progress, or nothing.
+
+        Its charge is the price of that progress, as far as the account and key allowed:
+        the rest is the record's shortfall.
+        """
+        for request in self.requests:
+            if request.state != DEAD or request.death_checked:
+                continue
+            hold_id, _ = driver.hold_of(request.generation)
+            if driver.hold_is_open(hold_id):
+                continue
+            request.death_checked = True
+            settled = driver.settlement(driver.generation_id(request.generation))
+            driver.end_reads()
+            problems = self.death_problems(request, settled)
+            if problems:
+                self.fail([f"{request.name} died: {problem}" for problem in problems])
+
+    def death_problems(self, request: SimRequest, settled: driver.Settlement) -> list[str]:
+        """What is wrong with the settlement of a dead request's ended hold."""
+        if request.recorded is None:
+            if settled.records or settled.charges:
+                return [f"nothing was recorded, yet {settled}"]
+            return []
+        usage, generation_id = request.recorded, driver.generation_id(request.generation)
+        price = driver.price(usage, request.model)
+        if len(settled.records) != 1 or settled.statuses != ["interrupted"]:
+            return [f"recorded progress {usage}, settled as {settled}"]
+        tokens, cost = tuple(settled.records[0][:3]), settled.records[0][3]
+        self.interrupted.add(generation_id)
+        if settled.shortfalls[0]:
+            self.shortfalls.add(generation_id)
+        problems = []
+        if tokens != (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens):
+            problems.append(f"charged for tokens {tokens}, its progress was {usage}")
+        if cost + settled.shortfalls[0] != price:
+            problems.append(f"cost ${cost} + shortfall ${settled.shortfalls[0]} != ${price}")
+        if sum(settled.charges) != cost or len(settled.charges) != (cost > 0):
+            problems.append(f"charged {settled.charges}, its record says ${cost}")
+        return problems
 
     def charge_cap(self, request: SimRequest) -> Decimal:
         """What may be charged for this request if it settles in the next step.
@@ -514,10 +724,15 @@ class Simulation:
         return event
 
     def run_due_sweep(self) -> str:
-        """The sweepers' periodic run."""
+        """The sweepers' periodic run, after each worker's record of its streams' progress."""
         self.next_sweep_at += self.sweep_every
-        released = self.processes.sweep(self.app, self.workers)
-        return f"sweep released {released} holds" if released else ""
+        ticks = [self.progress_tick(worker) for worker in self.workers]
+        ended = self.processes.sweep(self.app, self.workers)
+        self.check_dead_requests()
+        happened = [tick for tick in ticks if tick]
+        if ended:
+            happened.append(f"sweep ended {ended} holds")
+        return "; ".join(happened)
 
     def time_out(self, request: SimRequest) -> str:
         """The request's upstream has been silent too long: its next read fails."""
@@ -527,8 +742,10 @@ class Simulation:
     def sweep(self) -> str:
         """One worker's sweeper runs now, off the others' period."""
         worker = self.random.choice(self.workers)
-        released = self.processes.sweep(self.app, [worker])
-        return f"worker {worker}'s sweeper released {released} holds"
+        self.progress_tick(worker)
+        ended = self.processes.sweep(self.app, [worker])
+        self.check_dead_requests()
+        return f"worker {worker}'s sweeper ended {ended} holds"
 
     def grant(self) -> str:
         """The operator grants credits, sometimes repeating an idempotency key."""
@@ -620,7 +837,25 @@ class Simulation:
                 f"the audit reports shortfalls of {sorted(audit.shortfalls)}, "
                 f"expected {sorted(self.shortfalls)}"
             )
-        return problems
+        if audit.estimated != self.interrupted:
+            problems.append(
+                f"the audit reports estimated charges of {sorted(audit.estimated)}, "
+                f"expected {sorted(self.interrupted)}"
+            )
+        return problems + list(self.idempotency_problems())
+
+    def idempotency_problems(self) -> Iterator[str]:
+        """No Idempotency-Key was charged for more than one of its requests."""
+        for key, requests in self.keyed.items():
+            charged = []
+            for request in requests:
+                if request.generation is not None:
+                    settled = driver.settlement(driver.generation_id(request.generation))
+                    if sum(settled.charges):
+                        charged.append(request.name)
+            driver.end_reads()
+            if len(charged) > 1:
+                yield f"Idempotency-Key {key} was charged for {charged}"
 
     def balance_problems(self, states: dict[int, driver.AccountState]) -> Iterator[str]:
         """Each balance is its ledger, each reserve its holds; nothing available below zero."""
@@ -689,6 +924,9 @@ class Simulation:
             self.step += 1
             request = self.live[0]
             self.perform(lambda request=request: self.advance_request(request))
+        while self.unstored:
+            self.step += 1
+            self.perform(self.store_answer)
         self.step += 1
         self.perform(lambda: self.let_time_pass(self.ttl + 2 * self.sweep_every), audit=True)
         holds = driver.open_holds([account.id for account in self.accounts])
@@ -698,6 +936,8 @@ class Simulation:
         for request in self.requests:
             if request.state == ENDED:
                 self.check_still_settled_once(request)
+            if request.state == DEAD and not request.death_checked:
+                self.fail([f"{request.name} died and its hold's end was never checked"])
 
     def check_still_settled_once(self, request: SimRequest) -> None:
         """Nothing that ran after a request ended may have charged it again."""

@@ -12,10 +12,10 @@ from sqlalchemy import insert
 from app.auth.errors import InvalidKeyLimits, KeyNotFound
 from app.auth.keys import create_key, find_caller, key_spend, update_key_limits
 from app.auth.models import ApiKey
-from app.completions.models import Generation
 from app.credits.ledger import MonthlyLimitShortfall, place_hold, settle_hold
 from app.database import utcnow
 from app.extensions import db
+from app.generations.models import Generation
 from tests.factories import AccountFactory
 
 

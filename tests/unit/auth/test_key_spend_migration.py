@@ -15,11 +15,11 @@ from sqlalchemy import insert, update
 from app import create_app
 from app.auth.keys import create_key
 from app.auth.models import ApiKey
-from app.completions.models import Generation
 from app.credits.accounts import create_account
 from app.credits.ledger import month_start, spend_month
 from app.database import utcnow
 from app.extensions import db
+from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG, _fresh_postgres_database
 
 

@@ -29,12 +29,12 @@ from sqlalchemy import Executable, delete, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app.completions.models import COMPLETED, Generation, IdempotentRequest
 from app.credits.ledger import OPEN
 from app.credits.models import Hold
 from app.database import utcnow, write_transaction
 from app.errors import APIError
 from app.extensions import db
+from app.generations.models import COMPLETED, Generation, IdempotentRequest
 
 REPLAY_WINDOW = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
@@ -70,11 +70,21 @@ class IdempotencyKeyInUse(APIError):
 
 
 class IdempotentAnswerLost(APIError):
-    """The key's first request was generated and charged, but its answer was lost."""
+    """The key's first request was generated and charged, but its answer was not stored."""
 
     status = 409
     type = "invalid_request_error"
     code = "idempotency_answer_lost"
+
+    def __init__(self, generation: Generation) -> None:
+        super().__init__(
+            "The request with this Idempotency-Key already ran as generation "
+            f"'{generation.id}' and was charged ${generation.cost:f}, but its answer was not "
+            "stored: the server running it stopped before it could be (or is storing it "
+            "now). It is not run or charged again: GET /v1/generations/"
+            f"{generation.id} shows what it used; a new key runs the request anew."
+        )
+        self.generation_id = generation.id
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,7 @@ def claim_key(
                 key=key,
                 body_digest=body_digest,
                 generation_id=generation_id,
+                created_at=utcnow(),
             )
             .returning(IdempotentRequest.id)
         ).scalar_one()
@@ -177,12 +188,7 @@ def _raise_unless_abandoned(claim: IdempotentRequest, claim_ttl_seconds: int) ->
     generation = None if hold_open else _charged_generation(claim.generation_id)
     db.session.commit()
     if generation is not None:
-        raise IdempotentAnswerLost(
-            "The request with this Idempotency-Key already ran as generation "
-            f"'{generation.id}' and was charged ${generation.cost:f}; its answer was lost when "
-            "the server running it stopped. It is not run or charged again: GET "
-            f"/v1/generations/{generation.id} shows what it used, and a new key runs it anew."
-        )
+        raise IdempotentAnswerLost(generation)
     young = claim.created_at >= utcnow() - timedelta(seconds=claim_ttl_seconds)
     if hold_open or young:
         raise IdempotencyKeyInUse(

@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Response, current_app, g, request
 
-from app.completions.idempotency import (
+from app.generations.idempotency import (
     check_key,
     claim_key,
     mark_streamed,

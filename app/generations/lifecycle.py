@@ -11,6 +11,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,9 +19,6 @@ from sqlalchemy import insert
 
 from app.auth.keys import Caller, key_use_records
 from app.catalog.registry import Model
-from app.completions.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
-from app.completions.models import CANCELLED, COMPLETED, FAILED
-from app.completions.models import Generation as GenerationRecord
 from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
     HeldCredit,
@@ -29,11 +27,15 @@ from app.credits.ledger import (
     place_hold,
     settle_hold,
 )
-from app.credits.pricing import affordable_completion_tokens, cost_of, worst_case_cost
-from app.credits.sweeper import live_holds
+from app.credits.pricing import Pricing, affordable_completion_tokens, cost_of, worst_case_cost
 from app.database import BoundStatement, utcnow
+from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
+from app.generations.live import live_holds
+from app.generations.metering import StreamMeter
+from app.generations.models import CANCELLED, COMPLETED, FAILED, INTERRUPTED
+from app.generations.models import Generation as GenerationRecord
 from app.observability.trace import RequestTrace, current_trace
-from app.providers.base import ChatRequest, Chunk, Completion, Usage, fingerprint_of
+from app.providers.base import ChatRequest, Chunk, Completion, Usage
 from app.providers.router import complete_on_routes, stream_on_routes
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -62,6 +64,8 @@ class Generation:
     settled: bool = False
     # The request's trace: its id, the upstream calls and the first token's time.
     trace: RequestTrace = field(default_factory=current_trace)
+    # While it streams: what it delivered, which the worker records as its progress.
+    meter: StreamMeter | None = None
 
 
 def start_generation(
@@ -235,8 +239,28 @@ def _monthly_limit_message(shortfall: MonthlyLimitShortfall, affordable: int) ->
     return message + " Raise the key's limit or wait for the next month."
 
 
-def run_completion(generation: Generation) -> dict[str, Any]:
-    """Run the generation to the end, settle it, and return the response body."""
+@dataclass(frozen=True)
+class Answer:
+    """A whole generation's result: the completion, and what was charged for it."""
+
+    completion: Completion
+    cost: Decimal
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The last item of a stream that ran to its end: its usage and what was charged."""
+
+    usage: Usage
+    cost: Decimal
+    finish_reason: str | None
+
+
+StreamItem = Chunk | StreamEnd | None
+
+
+def run_generation(generation: Generation) -> Answer:
+    """Run the generation to the end, settle it, and return its answer."""
     try:
         completion = complete_on_routes(
             generation.model.routes, generation.request, generation.trace
@@ -248,16 +272,18 @@ def run_completion(generation: Generation) -> dict[str, Any]:
     cost = finish_generation(
         generation, usage=completion.usage, status=COMPLETED, finish_reason=finish_reason
     )
-    return completion_body(generation, completion, cost)
+    return Answer(completion, cost)
 
 
-def stream_generation(generation: Generation) -> Iterator[dict[str, Any] | None]:
-    """Yield the generation's chunk bodies; settle once, however the stream ends.
+def stream_generation(generation: Generation) -> Iterator[StreamItem]:
+    """Yield the generation's chunks that carry choices, then its StreamEnd; settle once.
 
     A None says that what follows may wait (for the upstream, or the settlement): the
-    bodies before it go out now. Bodies between two Nones came in one upstream read.
+    chunks before it go out now. Chunks between two Nones came in one upstream read. A
+    stream that does not reach its end (the upstream failed, the caller went away) is
+    settled for what it delivered when it is closed.
     """
-    meter = StreamMeter(generation)
+    meter = generation.meter = StreamMeter(generation)
     status = FAILED
     chunks = stream_on_routes(generation.model.routes, generation.request, generation.trace)
     try:
@@ -267,7 +293,7 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any] | None]
             if chunk.choices:
                 generation.trace.note_first_token()
                 meter.observe(chunk)
-                yield chunk_body(generation, chunk.choices, meter.system_fingerprint)
+                yield chunk
             if not chunk.more:
                 yield None
         # The settlement writes to the database: what the upstream sent goes out first.
@@ -278,8 +304,7 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any] | None]
         cost = finish_generation(
             generation, usage=usage, status=status, finish_reason=meter.finish_reason
         )
-        if generation.request.include_usage:
-            yield usage_chunk_body(generation, usage, cost, meter.system_fingerprint)
+        yield StreamEnd(usage, cost, meter.finish_reason)
     except GeneratorExit:
         # The server closes the generator when the caller has gone away.
         status = CANCELLED
@@ -295,55 +320,6 @@ def stream_generation(generation: Generation) -> Iterator[dict[str, Any] | None]
                 status=status,
                 finish_reason=meter.finish_reason,
             )
-
-
-class StreamMeter:
-    """What a stream delivered: the upstream's usage as it arrives, and the text itself."""
-
-    def __init__(self, generation: Generation) -> None:
-        self.generation = generation
-        self.usage: Usage | None = None
-        self.complete = False
-        self.finish_reason: str | None = None
-        self.system_fingerprint = fingerprint_of(generation.model.id)
-        self._pieces: list[str] = []
-
-    def observe(self, chunk: Chunk) -> None:
-        """Remember the generated text, finish reason and fingerprint of a delivered chunk."""
-        self.system_fingerprint = chunk.system_fingerprint or self.system_fingerprint
-        for choice in chunk.choices:
-            delta = choice.get("delta") or {}
-            for key in ("content", "reasoning"):
-                if text := delta.get(key):
-                    self._pieces.append(text)
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))
-            if choice.get("finish_reason") and self.finish_reason is None:
-                self.finish_reason = choice["finish_reason"]
-
-    def final_usage(self) -> Usage:
-        """Return the usage to bill: the upstream's at the end, else what was delivered.
-
-        A stream that ended early is billed its delivered text, counted here, with the
-        upstream's own prompt count when it sent one before the end (Anthropic does, at
-        message_start), else the hold's estimate. Nothing delivered, nothing billed.
-        """
-        if self.complete and self.usage is not None:
-            return self.usage
-        route = self.generation.model.routes[0]
-        # Each delta is counted alone: joined, neighbouring pieces could merge into fewer
-        # tokens than were generated.
-        delivered = sum(route.adapter.count_text_tokens(p, route.target) for p in self._pieces)
-        if delivered == 0:
-            return Usage()
-        if self.usage is not None:
-            completion = max(self.usage.completion_tokens, delivered)
-            return replace(self.usage, completion_tokens=completion, estimated=True)
-        prompt = self.generation.prompt_tokens
-        if not self.generation.prompt_tokens_exact:
-            prompt = route.adapter.count_prompt_tokens(self.generation.request, route.target)
-        return Usage(prompt_tokens=prompt, completion_tokens=delivered, estimated=True)
 
 
 def finish_generation(
@@ -429,50 +405,61 @@ def generation_record(
     }
 
 
+# The record's fields a stream's progress keeps as text: JSON has no Decimal or datetime.
+_PRICES = ("price_prompt", "price_completion", "price_cached_read", "price_image")
+
+
+def progress_of(generation: Generation) -> dict[str, Any] | None:
+    """Return the record of what the streaming ``generation`` delivered so far, as JSON.
+
+    None when nothing was delivered since its progress was last taken. Kept with its
+    hold (``ledger.record_progress``), it is what the hold is settled at if the worker
+    dies before the stream ends (``settle_interrupted``).
+    """
+    meter = generation.meter
+    if meter is None or generation.settled or not meter.delivered_since_counted:
+        return None
+    usage = meter.usage_so_far()
+    _, record = generation_record(generation, usage, Decimal(0), INTERRUPTED, None)
+    for name in ("id", "account_id", "api_key_id", "cost", "shortfall"):
+        del record[name]
+    for name in _PRICES:
+        record[name] = str(record[name])
+    record["created_at"] = record["created_at"].isoformat()
+    return record
+
+
+def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
+    """Settle the hold of a stream whose worker died, at its last recorded progress.
+
+    The record says the generation was interrupted, its usage estimated.
+    """
+    record = {**progress, "created_at": datetime.fromisoformat(progress["created_at"])}
+    record.update({name: Decimal(progress[name]) for name in _PRICES})
+    record.update(id=hold.id, account_id=hold.account_id, api_key_id=hold.key_id)
+    usage = Usage(
+        prompt_tokens=record["prompt_tokens"],
+        completion_tokens=record["completion_tokens"],
+        cached_tokens=record["cached_tokens"],
+        prompt_image_tokens=record["prompt_image_tokens"],
+    )
+    pricing = Pricing(*(record[name] for name in _PRICES))
+    cost = cost_of(usage, pricing)
+
+    def records(charge: Decimal, *, with_key: bool = True) -> list[BoundStatement]:
+        row = {**record, "cost": charge, "shortfall": cost - charge}
+        if not with_key:
+            row["api_key_id"] = None
+        return [(_INSERT_GENERATION, row)]
+
+    return settle_hold(
+        hold,
+        cost=cost,
+        generation_id=hold.id,
+        records=records,
+        fallback_records=lambda charge: records(charge, with_key=False),
+    )
+
+
 def _milliseconds(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1000)
-
-
-def usage_body(usage: Usage, cost: Decimal) -> dict[str, Any]:
-    """Render the contract's Usage, with the cost charged."""
-    body = usage.to_dict()
-    body["cost"] = {"total_cost": cost}
-    return body
-
-
-def completion_body(
-    generation: Generation, completion: Completion, cost: Decimal
-) -> dict[str, Any]:
-    """Build the ChatCompletionResponse."""
-    return {
-        "id": generation.id,
-        "object": "chat.completion",
-        "created": generation.created,
-        "model": generation.model.id,
-        "choices": completion.choices,
-        "usage": usage_body(completion.usage, cost),
-        "system_fingerprint": completion.system_fingerprint or fingerprint_of(generation.model.id),
-    }
-
-
-def chunk_body(
-    generation: Generation, choices: list[dict[str, Any]], system_fingerprint: str
-) -> dict[str, Any]:
-    """Build a ChatCompletionChunk carrying ``choices``."""
-    return {
-        "id": generation.id,
-        "object": "chat.completion.chunk",
-        "created": generation.created,
-        "model": generation.model.id,
-        "system_fingerprint": system_fingerprint,
-        "choices": choices,
-    }
-
-
-def usage_chunk_body(
-    generation: Generation, usage: Usage, cost: Decimal, system_fingerprint: str
-) -> dict[str, Any]:
-    """Build the final chunk of a stream whose caller asked for usage."""
-    body = chunk_body(generation, [], system_fingerprint)
-    body["usage"] = usage_body(usage, cost)
-    return body

@@ -10,11 +10,11 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select, update
 
-from app.completions import decorators
-from app.completions.models import FAILED, Generation, IdempotentRequest
 from app.credits import ledger
 from app.database import utcnow
 from app.extensions import db
+from app.generations import decorators
+from app.generations.models import FAILED, Generation, IdempotentRequest
 from tests.contract.conftest import billing_records
 
 BODY = json.dumps({"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hi"}]})

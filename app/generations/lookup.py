@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.completions.errors import GenerationNotFound
-from app.completions.models import Generation
 from app.extensions import db
+from app.generations.errors import GenerationNotFound
+from app.generations.models import Generation
 
 
 def find_generation_or_raise(*, account_id: int, generation_id: str) -> Generation:

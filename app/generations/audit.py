@@ -8,11 +8,11 @@ from decimal import Decimal
 
 from sqlalchemy import func, select
 
-from app.completions.models import Generation
 from app.credits.ledger import CHARGE, OPEN
 from app.credits.models import Account, Hold, LedgerEntry
 from app.credits.pricing import Pricing, cost_of
 from app.extensions import db
+from app.generations.models import INTERRUPTED, Generation
 from app.providers.base import Usage
 
 
@@ -32,18 +32,25 @@ class Shortfall(Mismatch):
     """A generation charged less than its price because the balance or key limit ran out."""
 
 
+class Estimated(Mismatch):
+    """A stream charged from its last recorded progress: its worker stopped before its end."""
+
+
 @dataclass(frozen=True)
 class AuditReport:
     """What was checked, what did not add up, and which generations were not paid in full.
 
     A shortfall is no mismatch: the books add up, but the balance (or the key's monthly
-    limit) could not cover what the usage priced at beyond its hold.
+    limit) could not cover what the usage priced at beyond its hold. Neither is an
+    estimated charge: a stream whose worker stopped was charged what it was last
+    recorded to have delivered, which may be a little less than it did.
     """
 
     accounts: int
     generations: int
     mismatches: list[Mismatch]
     shortfalls: list[Mismatch] = field(default_factory=list)
+    estimated: list[Mismatch] = field(default_factory=list)
 
 
 def audit_ledger() -> AuditReport:
@@ -51,9 +58,16 @@ def audit_ledger() -> AuditReport:
     account_mismatches, accounts = _account_mismatches()
     generation_problems, generations = _generation_mismatches()
     db.session.commit()
-    shortfalls = [problem for problem in generation_problems if isinstance(problem, Shortfall)]
-    mismatches = [problem for problem in generation_problems if not isinstance(problem, Shortfall)]
-    return AuditReport(accounts, generations, account_mismatches + mismatches, shortfalls)
+    listed: dict[type, list[Mismatch]] = {Mismatch: [], Shortfall: [], Estimated: []}
+    for problem in generation_problems:
+        listed[type(problem)].append(problem)
+    return AuditReport(
+        accounts,
+        generations,
+        account_mismatches + listed[Mismatch],
+        listed[Shortfall],
+        listed[Estimated],
+    )
 
 
 def _account_mismatches() -> tuple[list[Mismatch], int]:
@@ -117,6 +131,12 @@ def _generation_mismatches() -> tuple[list[Mismatch], int]:
 
 def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[Mismatch]:
     subject = f"generation {generation.id}"
+    if generation.status == INTERRUPTED:
+        yield Estimated(
+            subject,
+            f"charged ${generation.cost:f} for {generation.completion_tokens} completion "
+            "tokens, as its stream last recorded: its worker stopped before the stream ended",
+        )
     priced = cost_of(
         Usage(
             prompt_tokens=generation.prompt_tokens,

@@ -1,0 +1,94 @@
+"""What a stream delivered: the upstream's usage as it arrives, and the text itself.
+
+A stream is billed from the upstream's usage when it reaches its end, and otherwise
+from what it delivered, counted here. The count is kept as the stream goes, so that the
+worker can record it (app.sweeper) for the stream to be billed even if the worker dies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from app.providers.base import Chunk, Usage, fingerprint_of
+
+if TYPE_CHECKING:
+    from app.generations.lifecycle import Generation
+
+
+class StreamMeter:
+    """Counts what one stream delivered, as it goes."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self.usage: Usage | None = None
+        self.complete = False
+        self.finish_reason: str | None = None
+        self.system_fingerprint = fingerprint_of(generation.model.id)
+        # Delivered text not counted yet; then what the counted pieces came to.
+        self._pieces: list[str] = []
+        self._delivered_tokens = 0
+        self._prompt_tokens: int | None = None
+
+    def observe(self, chunk: Chunk) -> None:
+        """Remember the generated text, finish reason and fingerprint of a delivered chunk."""
+        self.system_fingerprint = chunk.system_fingerprint or self.system_fingerprint
+        for choice in chunk.choices:
+            delta = choice.get("delta") or {}
+            for key in ("content", "reasoning"):
+                if text := delta.get(key):
+                    self._pieces.append(text)
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))
+            if choice.get("finish_reason") and self.finish_reason is None:
+                self.finish_reason = choice["finish_reason"]
+
+    @property
+    def delivered_since_counted(self) -> bool:
+        """Whether text was delivered since the delivered tokens were last counted."""
+        return bool(self._pieces)
+
+    def final_usage(self) -> Usage:
+        """Return the usage to bill: the upstream's at the end, else what was delivered."""
+        if self.complete and self.usage is not None:
+            return self.usage
+        return self.usage_so_far()
+
+    def usage_so_far(self) -> Usage:
+        """Return the usage of what was delivered until now (estimated).
+
+        The delivered text is counted here, with the upstream's own prompt count when it
+        sent one before the end (Anthropic does, at message_start), else the hold's
+        estimate, counted exactly once if the hold used only a bound. Nothing delivered,
+        nothing billed.
+        """
+        delivered = self._count_delivered()
+        if delivered == 0:
+            return Usage()
+        if self.usage is not None:
+            completion = max(self.usage.completion_tokens, delivered)
+            return replace(self.usage, completion_tokens=completion, estimated=True)
+        return Usage(
+            prompt_tokens=self._prompt_count(), completion_tokens=delivered, estimated=True
+        )
+
+    def _count_delivered(self) -> int:
+        route = self.generation.model.routes[0]
+        # Each delta is counted alone: joined, neighbouring pieces could merge into fewer
+        # tokens than were generated.
+        for piece in self._pieces:
+            self._delivered_tokens += route.adapter.count_text_tokens(piece, route.target)
+        self._pieces.clear()
+        return self._delivered_tokens
+
+    def _prompt_count(self) -> int:
+        generation = self.generation
+        if generation.prompt_tokens_exact:
+            return generation.prompt_tokens
+        if self._prompt_tokens is None:
+            route = generation.model.routes[0]
+            self._prompt_tokens = route.adapter.count_prompt_tokens(
+                generation.request, route.target
+            )
+        return self._prompt_tokens

@@ -1,0 +1,146 @@
+"""Keep running requests' holds alive and their streams' progress recorded; end dead ones.
+
+Each gunicorn worker runs one sweeper greenlet. About once a second it records what
+each of the worker's streams delivered since the last time (one UPDATE for all of
+them), so that a stream is billed even if the worker dies. Every ``sweep_interval`` it
+renews the holds of every request the worker is running (``live_holds``), whatever the
+request is doing: waiting for an upstream through retries, generating a whole answer,
+or writing to a caller who stopped reading; one UPDATE for all of them. A dead worker
+renews nothing, so its holds expire after HOLD_TTL_SECONDS, and ending an expired hold
+from any worker is safe: a hold whose stream recorded progress is settled at it, any
+other is released; the conditional UPDATEs of the ledger end each hold once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flask import Flask
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.credits.ledger import (
+    expired_holds_with_progress,
+    extend_holds,
+    record_progress,
+    release_expired_holds,
+)
+from app.extensions import db
+from app.generations.idempotency import prune_expired_claims
+from app.generations.lifecycle import progress_of, settle_interrupted
+from app.generations.live import LiveHolds, live_holds
+from app.observability.trace import close_trace, open_trace
+
+log = logging.getLogger(__name__)
+
+
+def renew_live_holds(app: Flask, holds: LiveHolds = live_holds) -> int:
+    """Push the expiry of the running requests' holds forward; return how many."""
+    hold_ids = holds.hold_ids()
+    if not hold_ids:
+        return 0
+    with app.app_context():
+        try:
+            return extend_holds(hold_ids, ttl_seconds=app.config["HOLD_TTL_SECONDS"])
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("renewing the holds of running requests failed; will retry")
+            return 0
+
+
+def sweep_interval(hold_ttl_seconds: int) -> float:
+    """Seconds between sweeps: a fraction of the TTL, so a hold outlives it by little.
+
+    Live holds are renewed as often, so they stay at least half a TTL from expiring.
+    """
+    return max(1.0, min(60.0, hold_ttl_seconds / 4))
+
+
+def record_stream_progress(app: Flask, holds: LiveHolds = live_holds) -> int:
+    """Record what each running stream delivered since last time; return how many."""
+    progress = [
+        (hold_id, recorded)
+        for hold_id, generation in holds.owners()
+        if (recorded := progress_of(generation)) is not None
+    ]
+    if not progress:
+        return 0
+    with app.app_context():
+        try:
+            record_progress(progress)
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("recording the progress of running streams failed; will retry")
+            return 0
+    return len(progress)
+
+
+def sweep_expired_holds(app: Flask) -> int:
+    """End expired holds once: settle those with progress, release the others; return how many."""
+    with app.app_context():
+        try:
+            settled = _settle_interrupted_streams()
+            released = release_expired_holds()
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("ending expired holds failed; will retry")
+            return 0
+    if released:
+        log.info("released %d expired holds", released)
+    return settled + released
+
+
+def _settle_interrupted_streams() -> int:
+    """Settle the expired holds of streams whose worker died, at their recorded progress."""
+    interrupted = expired_holds_with_progress()
+    for hold, progress in interrupted:
+        # Its log lines carry the request's id, as the stream's own would have.
+        trace = open_trace(progress.get("request_id") or hold.id)
+        try:
+            charge = settle_interrupted(hold, progress)
+            log.warning(
+                "generation %s: its worker stopped while it streamed; charged $%s for what "
+                "it had delivered, as last recorded",
+                hold.id,
+                charge,
+            )
+        finally:
+            close_trace(trace)
+    return len(interrupted)
+
+
+# Deleted per statement, so that pruning a day's backlog never holds long locks.
+PRUNE_BATCH_SIZE = 500
+
+
+def prune_idempotency_records(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
+    """Delete Idempotency-Key records past their 24 hours, in batches; return how many."""
+    pruned = 0
+    with app.app_context():
+        try:
+            batch = batch_size
+            while batch == batch_size:
+                batch = prune_expired_claims(batch_size=batch_size)
+                pruned += batch
+                time.sleep(0)  # let the worker's requests run between batches
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("pruning idempotency records failed; will retry")
+    if pruned:
+        log.info("pruned %d expired idempotency records", pruned)
+    return pruned
+
+
+def run_sweeper(app: Flask) -> None:
+    """Record progress every tick; renew, end and prune every sweep; in a greenlet, forever."""
+    tick = app.config["STREAM_PROGRESS_SECONDS"]
+    ticks_per_sweep = max(1, round(sweep_interval(app.config["HOLD_TTL_SECONDS"]) / tick))
+    ticks = 0
+    while True:
+        time.sleep(tick)
+        record_stream_progress(app)
+        ticks += 1
+        if ticks % ticks_per_sweep == 0:
+            renew_live_holds(app)
+            sweep_expired_holds(app)
+            prune_idempotency_records(app)

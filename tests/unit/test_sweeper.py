@@ -1,0 +1,155 @@
+"""The sweeper renews the holds of running requests and only theirs."""
+
+from __future__ import annotations
+
+import gc
+from datetime import timedelta
+from decimal import Decimal
+
+from sqlalchemy import select
+
+from app.credits import ledger
+from app.credits.models import Account, Hold, LedgerEntry
+from app.database import utcnow
+from app.extensions import db
+from app.generations.audit import audit_ledger
+from app.generations.live import live_holds
+from app.generations.models import Generation
+from app.sweeper import (
+    LiveHolds,
+    record_stream_progress,
+    renew_live_holds,
+    sweep_expired_holds,
+)
+from tests.factories import AccountFactory
+
+
+class Request:
+    """Stands for a running request's object."""
+
+
+def expiry(hold_id):
+    db.session.expire_all()
+    return db.session.get(Hold, hold_id).expires_at
+
+
+def test_live_holds_forget_requests_that_are_gone():
+    holds = LiveHolds()
+    running, abandoned = Request(), Request()
+    holds.track("h-running", running)
+    holds.track("h-abandoned", abandoned)
+    holds.track("h-settled", running)
+    holds.forget("h-settled")
+    del abandoned
+    gc.collect()
+    assert holds.hold_ids() == ["h-running"]
+
+
+def test_renewal_pushes_only_the_live_open_holds_forward(app):
+    with app.app_context():
+        account = AccountFactory.create(credits=Decimal("1"))
+        live = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+        idle = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+        settled = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+        ledger.settle_hold(settled, cost=Decimal("0.01"), generation_id="g-sweeper-1")
+        before = {hold.id: expiry(hold.id) for hold in (live, idle, settled)}
+    holds, request = LiveHolds(), Request()
+    holds.track(live.id, request)
+    holds.track(settled.id, request)
+    assert renew_live_holds(app, holds) == 1
+    with app.app_context():
+        ttl = timedelta(seconds=app.config["HOLD_TTL_SECONDS"])
+        assert expiry(live.id) >= utcnow() + ttl - timedelta(seconds=5)
+        assert expiry(idle.id) == before[idle.id]
+        assert expiry(settled.id) == before[settled.id]
+
+
+SLOW = {"model": "dev-slow", "messages": [{"role": "user", "content": "one two three four five"}]}
+
+
+def open_stream(app, key: str):
+    """Start a stream in-process and pull its first events; return the response."""
+    response = app.test_client().post(
+        "/v1/chat/completions",
+        json={**SLOW, "stream": True},
+        headers={"Authorization": f"Bearer {key}"},
+        buffered=False,
+    )
+    events = response.iter_encoded()
+    delivered = next(events) + next(events) + next(events)
+    assert delivered.count(b'"content"') >= 2
+    return response
+
+
+def running_generation():
+    """The one generation this process is streaming, as its sweeper sees it."""
+    (hold_id, generation), *others = live_holds.owners()
+    assert not others
+    return hold_id, generation
+
+
+def hold_row(app, hold_id):
+    with app.app_context():
+        hold = db.session.get(Hold, hold_id)
+        db.session.expunge(hold)
+        db.session.commit()
+        return hold
+
+
+def test_a_streams_progress_is_recorded_only_when_it_delivered_more(app, funded_key):
+    response = open_stream(app, funded_key.key)
+    hold_id, generation = running_generation()
+
+    assert record_stream_progress(app) == 1
+    first = hold_row(app, hold_id).progress
+    assert record_stream_progress(app) == 0, "nothing delivered since"
+    assert first["completion_tokens"] >= 2 and first["status"] == "interrupted"
+    assert first["model"] == "dev-slow" and first["estimated"] is True
+    assert Decimal(first["price_completion"]) == Decimal("1.5")
+
+    response.close()
+    assert hold_row(app, hold_id).status == "settled"
+    assert live_holds.owners() == []
+
+
+def test_a_stream_whose_worker_died_is_charged_its_last_recorded_progress(app, funded_key):
+    response = open_stream(app, funded_key.key)
+    hold_id, generation = running_generation()
+    assert record_stream_progress(app) == 1
+    recorded = hold_row(app, hold_id).progress
+    # The worker dies: the stream neither settles nor renews its hold, which expires.
+    generation.settled = True
+    live_holds.forget(hold_id)
+    response.close()
+    with app.app_context():
+        ledger.extend_holds([hold_id], ttl_seconds=-1)
+
+    assert sweep_expired_holds(app) >= 1
+
+    with app.app_context():
+        record = db.session.get(Generation, hold_id)
+        charge = db.session.scalar(
+            select(LedgerEntry.amount).where(LedgerEntry.generation_id == hold_id)
+        )
+        account = db.session.get(Account, funded_key.account_id)
+        assert record.status == "interrupted" and record.estimated
+        assert record.completion_tokens == recorded["completion_tokens"] > 0
+        assert record.request_id == response.headers["X-Request-Id"]
+        assert record.cost > 0 and charge == -record.cost
+        assert account.reserved == 0 and account.balance == Decimal("10") - record.cost
+        report = audit_ledger()
+        assert f"generation {hold_id}" in {e.subject for e in report.estimated}
+        db.session.commit()
+
+
+def test_a_hold_without_progress_is_released_as_before(app):
+    with app.app_context():
+        account = AccountFactory.create(credits=Decimal("1"))
+        held = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=-1)
+
+    assert sweep_expired_holds(app) >= 1
+
+    assert hold_row(app, held.id).status == "expired"
+    with app.app_context():
+        assert db.session.get(Generation, held.id) is None
+        assert db.session.get(Account, account.id).reserved == 0
