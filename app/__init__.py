@@ -61,11 +61,11 @@ def register_extensions(app: Flask) -> None:
 def register_blueprints(app: Flask) -> None:
     """Mount the API under /v1, the probes, the metrics and the dashboard at the root."""
     from app import health, openapi
-    from app.auth import views as key_views
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
     from app.dashboard import views as dashboard_views
+    from app.generations import views as generation_views
     from app.observability import views as observability_views
 
     app.register_blueprint(health.bp)
@@ -77,7 +77,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(catalog_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(completion_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(credit_views.bp, url_prefix=API_PREFIX)
-    app.register_blueprint(key_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(generation_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(dashboard_views.bp)
 
 

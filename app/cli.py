@@ -18,11 +18,11 @@ import click
 from flask import Flask
 from flask.cli import AppGroup
 
+from app.accounts import keys
+from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.invites import create_invite
 from app.accounts.passwords import set_password
-from app.auth import keys
-from app.auth.errors import InvalidKeyLimits, KeyNotFound
-from app.catalog.registry import Route, current_catalog
+from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
     AccountExists,
@@ -33,6 +33,7 @@ from app.credits.accounts import (
 )
 from app.credits.errors import IdempotencyConflict
 from app.generations.audit import audit_ledger
+from app.providers.base import Route
 from app.providers.cooldown import upstream_cooldowns
 
 
@@ -187,8 +188,9 @@ def create_key_command(
 ) -> None:
     """Issue a key for EMAIL; its value is printed once, alone on the last line."""
     with operator_errors():
+        account = find_account_or_raise(email)
         issued = keys.create_key(
-            email=email, name=name, permitted_models=models, monthly_limit=monthly_limit
+            account_id=account.id, name=name, permitted_models=models, monthly_limit=monthly_limit
         )
     click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email}")
     click.echo(issued.value)
@@ -227,7 +229,7 @@ def delete_key_command(key_id: int) -> None:
 def list_keys_command(email: str) -> None:
     """List the keys of EMAIL: id, name, prefix, state, created, last used, models, limit."""
     with operator_errors():
-        rows = keys.list_keys(email)
+        rows = keys.list_keys(find_account_or_raise(email).id)
     click.echo("id\tname\tprefix\tstate\tcreated\tlast_used\tmodels\tmonthly_limit")
     for key in rows:
         last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
@@ -300,7 +302,7 @@ def demo_setup_command() -> None:
     ledger.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
     password = secrets.token_urlsafe(12)
     set_password(account.id, password)
-    issued = keys.create_key(email=DEMO_EMAIL, name="demo")
+    issued = keys.create_key(account_id=account.id, name="demo")
     click.echo(f"dashboard: sign in at /signin as {DEMO_EMAIL} with the password {password}")
     click.echo(f"demo account {DEMO_EMAIL} with ${DEMO_CREDITS} of credits; its API key:")
     click.echo(issued.value)

@@ -40,15 +40,13 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Compiled, Connection, Dialect, Engine, Transaction
 from sqlalchemy.types import TypeDecorator
 
-from app.credits.pricing import MONEY_QUANTUM, to_money
 from app.encoding import JSON_COLUMN_CODEC
 from app.extensions import db
+from app.money import UNITS_PER_USD, money_units
 from app.observability import metrics
 from app.process import process_id
 
 log = logging.getLogger(__name__)
-
-UNITS_PER_USD = int(1 / MONEY_QUANTUM)
 
 BoundStatement = tuple[Executable, dict[str, Any]]
 """A statement built once, and the parameters to execute it with."""
@@ -83,13 +81,6 @@ class Money(TypeDecorator):
         if value is None:
             return None
         return Decimal(value) / UNITS_PER_USD
-
-
-def money_units(value: Decimal | int | None) -> int | None:
-    """Return ``value`` USD as the count of MONEY_QUANTUM stored for it (rounded by to_money)."""
-    if value is None:
-        return None
-    return int(to_money(Decimal(value)) * UNITS_PER_USD)
 
 
 class UTCDateTime(TypeDecorator):

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import factory
 
-from app.auth.keys import IssuedKey, create_key
+from app.accounts.keys import IssuedKey, create_key
 from app.credits.accounts import create_account
 from app.credits.ledger import grant_credits
 from app.credits.models import Account
@@ -36,4 +36,4 @@ class AccountFactory(factory.Factory):
     ) -> tuple[Account, IssuedKey]:
         """An account with ``credits`` and one active key."""
         account = cls.create(credits=credits)
-        return account, create_key(email=account.email, name=name)
+        return account, create_key(account_id=account.id, name=name)

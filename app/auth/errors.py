@@ -23,11 +23,3 @@ class KeyRevoked(APIError):
     type = "invalid_request_error"
     code = "api_key_revoked"
     default_message = "This API key has been revoked. Use an active key."
-
-
-class KeyNotFound(LookupError):
-    """No key has the given id (operator commands)."""
-
-
-class InvalidKeyLimits(ValueError):
-    """A key's permitted models or monthly limit cannot be set; the message says why."""

@@ -12,10 +12,16 @@ from typing import Any
 from flask import Flask, current_app
 
 from app.catalog.errors import CatalogError, ModelNotPermitted, UnknownModel
-from app.completions.schemas import REASONING_EFFORTS
-from app.credits.pricing import Pricing
+from app.catalog.pricing import Pricing
 from app.providers import ADAPTERS
-from app.providers.base import Adapter, ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.base import (
+    REASONING_EFFORTS,
+    Adapter,
+    ChatRequest,
+    Route,
+    RouteTarget,
+    UpstreamConfig,
+)
 from app.providers.cooldown import cooldown_policy
 from app.providers.tokens import encoding_names
 
@@ -26,14 +32,6 @@ URL_SCHEMES = ("http://", "https://")
 UPSTREAM_KEYS = frozenset(
     {"kind", "base_url", "api_key_env", "connect_timeout", "read_timeout", "retries"}
 )
-
-
-@dataclass(frozen=True)
-class Route:
-    """One place a model runs: an upstream's adapter and the model's name there."""
-
-    adapter: Adapter
-    target: RouteTarget
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ from marshmallow import EXCLUDE, Schema, ValidationError, fields, missing, valid
 from marshmallow.validate import Length, OneOf, Range, Regexp
 
 from app.errors import InvalidRequest
-from app.providers.base import ChatRequest
+from app.providers.base import REASONING_EFFORTS, ChatRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_DETAILS = ("low", "high", "auto")
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"

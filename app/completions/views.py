@@ -17,7 +17,6 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
-from app.generations.lookup import find_generation_or_raise, generation_body
 from app.request_body import json_body
 
 bp = Blueprint("completions", __name__)
@@ -42,13 +41,3 @@ def create_chat_completion() -> Response:
         return event_stream_response(chunk_bodies(generation, stream_generation(generation)))
     answer = run_generation(generation)
     return Response(dumps(completion_body(generation, answer)), mimetype="application/json")
-
-
-@bp.get("/generations/<generation_id>")
-@require_api_key
-def read_generation(generation_id: str) -> Response:
-    """Answer one of the caller's generations: tokens, cost, timings, upstreams tried."""
-    generation = find_generation_or_raise(
-        account_id=g.caller.account_id, generation_id=generation_id
-    )
-    return Response(dumps({"data": generation_body(generation)}), mimetype="application/json")

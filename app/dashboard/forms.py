@@ -8,9 +8,9 @@ from flask_wtf import FlaskForm
 from wtforms import EmailField, HiddenField, PasswordField, SelectMultipleField, StringField
 from wtforms.validators import DataRequired, Length, Optional, Regexp, ValidationError
 
+from app.accounts.errors import InvalidKeyLimits
+from app.accounts.keys import checked_monthly_limit, checked_permitted_models
 from app.accounts.passwords import MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH
-from app.auth.errors import InvalidKeyLimits
-from app.auth.keys import checked_monthly_limit, checked_permitted_models
 
 MAX_USD = Decimal("1000000")
 PASSWORD_LENGTH = Length(

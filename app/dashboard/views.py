@@ -26,10 +26,10 @@ from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
+from app.accounts import keys
+from app.accounts.errors import InvalidKeyLimits
 from app.accounts.invites import InviteInvalid, accept_invite, find_invited_account
 from app.accounts.passwords import WeakPassword, authenticate, register_account
-from app.auth import keys
-from app.auth.errors import InvalidKeyLimits
 from app.auth.models import ApiKey
 from app.catalog.registry import current_catalog
 from app.credits.accounts import AccountExists
@@ -228,7 +228,7 @@ def create_key() -> tuple[str, int]:
         return _keys_page(form, 400)
     try:
         issued = keys.create_key(
-            email=current_user.email,
+            account_id=current_user.account_id,
             name=form.name.data.strip(),
             permitted_models=form.permitted_models.models,
             monthly_limit=form.monthly_limit.amount,

@@ -8,9 +8,9 @@ from decimal import Decimal
 
 from sqlalchemy import func, select
 
+from app.catalog.pricing import Pricing, cost_of
 from app.credits.ledger import CHARGE, OPEN
 from app.credits.models import Account, Hold, LedgerEntry
-from app.credits.pricing import Pricing, cost_of
 from app.extensions import db
 from app.generations.models import INTERRUPTED, Generation
 from app.providers.base import Usage

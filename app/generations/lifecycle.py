@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import insert
 
 from app.auth.keys import Caller, key_use_records
+from app.catalog.pricing import Pricing, affordable_completion_tokens, cost_of, worst_case_cost
 from app.catalog.registry import Model
 from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
@@ -27,7 +28,6 @@ from app.credits.ledger import (
     place_hold,
     settle_hold,
 )
-from app.credits.pricing import Pricing, affordable_completion_tokens, cost_of, worst_case_cost
 from app.database import BoundStatement, utcnow
 from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.generations.live import live_holds
@@ -283,7 +283,12 @@ def stream_generation(generation: Generation) -> Iterator[StreamItem]:
     stream that does not reach its end (the upstream failed, the caller went away) is
     settled for what it delivered when it is closed.
     """
-    meter = generation.meter = StreamMeter(generation)
+    meter = generation.meter = StreamMeter(
+        generation.model.routes[0],
+        generation.request,
+        generation.prompt_tokens,
+        prompt_exact=generation.prompt_tokens_exact,
+    )
     status = FAILED
     chunks = stream_on_routes(generation.model.routes, generation.request, generation.trace)
     try:

@@ -8,31 +8,33 @@ worker can record it (app.sweeper) for the stream to be billed even if the worke
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from app.providers.base import Chunk, Usage, fingerprint_of
-
-if TYPE_CHECKING:
-    from app.generations.lifecycle import Generation
+from app.providers.base import ChatRequest, Chunk, Route, Usage
 
 
 class StreamMeter:
-    """Counts what one stream delivered, as it goes."""
+    """Counts what one stream delivered, as it goes.
 
-    def __init__(self, generation: Generation) -> None:
-        self.generation = generation
+    ``route`` counts tokens as the model's first route does; ``prompt_tokens`` is the
+    count the hold was placed with, an upper bound unless ``prompt_exact``.
+    """
+
+    def __init__(
+        self, route: Route, request: ChatRequest, prompt_tokens: int, *, prompt_exact: bool
+    ) -> None:
+        self.route = route
+        self.request = request
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason: str | None = None
-        self.system_fingerprint = fingerprint_of(generation.model.id)
         # Delivered text not counted yet; then what the counted pieces came to.
         self._pieces: list[str] = []
         self._delivered_tokens = 0
-        self._prompt_tokens: int | None = None
+        self._prompt_tokens = prompt_tokens
+        self._prompt_exact = prompt_exact
 
     def observe(self, chunk: Chunk) -> None:
-        """Remember the generated text, finish reason and fingerprint of a delivered chunk."""
-        self.system_fingerprint = chunk.system_fingerprint or self.system_fingerprint
+        """Remember the generated text and finish reason of a delivered chunk."""
         for choice in chunk.choices:
             delta = choice.get("delta") or {}
             for key in ("content", "reasoning"):
@@ -74,21 +76,17 @@ class StreamMeter:
         )
 
     def _count_delivered(self) -> int:
-        route = self.generation.model.routes[0]
+        adapter, target = self.route.adapter, self.route.target
         # Each delta is counted alone: joined, neighbouring pieces could merge into fewer
         # tokens than were generated.
         for piece in self._pieces:
-            self._delivered_tokens += route.adapter.count_text_tokens(piece, route.target)
+            self._delivered_tokens += adapter.count_text_tokens(piece, target)
         self._pieces.clear()
         return self._delivered_tokens
 
     def _prompt_count(self) -> int:
-        generation = self.generation
-        if generation.prompt_tokens_exact:
-            return generation.prompt_tokens
-        if self._prompt_tokens is None:
-            route = generation.model.routes[0]
-            self._prompt_tokens = route.adapter.count_prompt_tokens(
-                generation.request, route.target
-            )
+        if not self._prompt_exact:
+            adapter, target = self.route.adapter, self.route.target
+            self._prompt_tokens = adapter.count_prompt_tokens(self.request, target)
+            self._prompt_exact = True
         return self._prompt_tokens

@@ -14,6 +14,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+# The reasoning efforts a request may ask for; ``none`` turns reasoning off.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
 
 @dataclass(frozen=True)
 class ChatRequest:
@@ -191,3 +194,11 @@ class Adapter(ABC):
     @abstractmethod
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
         """Count (or estimate) the tokens of generated text, for billing a cut-off stream."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """One place a model runs: an upstream's adapter and the model's name there."""
+
+    adapter: Adapter
+    target: RouteTarget

@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from app.observability.trace import (
     FAILED_OVER,
@@ -30,7 +30,7 @@ from app.observability.trace import (
     RequestTrace,
     current_trace,
 )
-from app.providers.base import ChatRequest, Chunk, Completion
+from app.providers.base import ChatRequest, Chunk, Completion, Route
 from app.providers.cooldown import Admission, upstream_cooldowns
 from app.providers.errors import (
     UpstreamError,
@@ -38,9 +38,6 @@ from app.providers.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-
-if TYPE_CHECKING:
-    from app.catalog.registry import Route
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -44,7 +44,7 @@ def test_no_authorization_header_is_401(live_server):
 
 
 def test_revoked_key_is_403_and_rotated_key_fails_at_once(app, make_client, funded_key):
-    from app.auth.keys import revoke_key, rotate_key
+    from app.accounts.keys import revoke_key, rotate_key
 
     with app.app_context():
         rotated = rotate_key(funded_key.key_id)

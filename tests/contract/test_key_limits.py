@@ -9,12 +9,13 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from app.auth.keys import create_key, key_spend
+from app.accounts.keys import create_key
 from app.auth.models import ApiKey
 from app.credits.ledger import month_start
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
+from app.generations.usage import key_spend
 from tests.conftest import running_server
 from tests.contract.conftest import billing_records
 from tests.contract.test_concurrency import ask as race_request
@@ -31,7 +32,7 @@ def make_limited_key(app):
         with app.app_context():
             account = AccountFactory.create(credits=credits)
             issued = create_key(
-                email=account.email, name="limited", permitted_models=models, monthly_limit=limit
+                account_id=account.id, name="limited", permitted_models=models, monthly_limit=limit
             )
             return account.id, issued.value, issued.id
 

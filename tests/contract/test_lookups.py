@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import requests
 
-from app.auth.keys import update_key_limits
+from app.accounts.keys import update_key_limits
 
 HELLO = [{"role": "user", "content": "Hello"}]
 

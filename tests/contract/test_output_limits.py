@@ -10,7 +10,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from app.auth.keys import create_key
+from app.accounts.keys import create_key
 from app.credits.models import Account
 from app.extensions import db
 from app.generations.models import Generation
@@ -163,7 +163,7 @@ def test_usage_beyond_the_hold_stops_at_the_keys_monthly_limit(app, gateway, scr
     scripted.script("/own", Reply("openai_chat_overrun"))
     with app.app_context():
         account = AccountFactory.create(credits=Decimal("5"))
-        issued = create_key(email=account.email, name="capped", monthly_limit=Decimal("0.05"))
+        issued = create_key(account_id=account.id, name="capped", monthly_limit=Decimal("0.05"))
         account_id = account.id
     response = post(gateway, issued.value, {"model": "story", "messages": HELLO, "max_tokens": 1})
     assert response.status_code == 200, response.text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import requests
 from sqlalchemy import text
 
-from app.auth.keys import update_key_limits
+from app.accounts.keys import update_key_limits
 from app.extensions import db
 from tests.contract.conftest import billing_records
 

@@ -18,8 +18,8 @@ import openai
 import pytest
 import requests
 
+from app.catalog.pricing import cost_of
 from app.catalog.registry import Catalog, load_catalog
-from app.credits.pricing import cost_of
 from app.providers.base import ChatRequest, Usage
 from app.providers.tokens import count_text, encoding_named
 from tests.conftest import running_server

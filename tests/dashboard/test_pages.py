@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app import create_app
+from app.accounts.keys import create_key
 from app.accounts.models import AccountPassword
-from app.auth.keys import create_key
 from app.auth.models import ApiKey
 from app.credits.ledger import grant_credits
 from app.credits.models import Account, LedgerEntry
@@ -70,7 +70,7 @@ def other_holders_key(app) -> tuple[int, int]:
     """Another account with a key and a generation: (account id, key id)."""
     account_id, email = make_holder(app)
     with app.app_context():
-        issued = create_key(email=email, name="theirs")
+        issued = create_key(account_id=account_id, name="theirs")
     record_generation(app, account_id, issued.id, "dev-chat", "0.123")
     return account_id, issued.id
 
@@ -107,7 +107,7 @@ def test_usage_ledger_and_csv_show_only_the_accounts_own_records(
     client, account_id, email = holder_client
     _, their_key = other_holders_key
     with app.app_context():
-        mine = create_key(email=email, name="mine")
+        mine = create_key(account_id=account_id, name="mine")
     record_generation(app, account_id, mine.id, "dev-chat-mini", "0.0042")
 
     usage = client.get("/usage").text
@@ -123,8 +123,8 @@ def test_usage_ledger_and_csv_show_only_the_accounts_own_records(
 def test_usage_filters_and_csv_follow_the_url(app, holder_client):
     client, account_id, email = holder_client
     with app.app_context():
-        first = create_key(email=email, name="first")
-        second = create_key(email=email, name="second")
+        first = create_key(account_id=account_id, name="first")
+        second = create_key(account_id=account_id, name="second")
     record_generation(app, account_id, first.id, "dev-chat", "0.5")
     record_generation(app, account_id, second.id, "dev-chat-mini", "0.25")
 
@@ -154,9 +154,9 @@ def test_a_form_without_its_csrf_token_is_a_400(app, holder_client, path, data):
 
 
 def test_a_revoke_without_its_csrf_token_is_a_400_and_the_key_stays_active(app, holder_client):
-    client, _, email = holder_client
+    client, account_id, email = holder_client
     with app.app_context():
-        issued = create_key(email=email, name="kept")
+        issued = create_key(account_id=account_id, name="kept")
     response = client.post(f"/keys/{issued.id}/revoke", data={"csrf_token": "forged"})
     assert response.status_code == 400
     assert key_state(app, issued.id)[0] == "active"
@@ -204,9 +204,9 @@ def test_a_key_is_created_with_its_limits_and_shown_once(app, holder_client):
 
 
 def test_editing_limits_saves_them_or_changes_nothing(app, holder_client):
-    client, _, email = holder_client
+    client, account_id, email = holder_client
     with app.app_context():
-        issued = create_key(email=email, name="edited", monthly_limit=Decimal("3"))
+        issued = create_key(account_id=account_id, name="edited", monthly_limit=Decimal("3"))
     path = f"/keys/{issued.id}/edit"
     bad = post_form(client, path, path, {"monthly_limit": "-2", "permitted_models": ["dev-chat"]})
     assert bad.status_code == 400 and "Enter zero or a positive amount." in bad.text
@@ -373,7 +373,7 @@ def test_the_operators_page_is_not_there_for_holders(app, holder_client):
 def test_a_key_name_like_a_formula_stays_text_in_the_csv(app, holder_client):
     client, account_id, email = holder_client
     with app.app_context():
-        issued = create_key(email=email, name="=HYPERLINK(1)")
+        issued = create_key(account_id=account_id, name="=HYPERLINK(1)")
     record_generation(app, account_id, issued.id, "dev-chat", "0.01")
     row = client.get("/usage.csv").text.splitlines()[1]
     assert ",'=HYPERLINK(1)," in row

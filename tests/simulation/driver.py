@@ -19,15 +19,16 @@ from flask import Flask
 from sqlalchemy import bindparam, case, func, select, true, type_coerce
 
 from app import sweeper
+from app.accounts import keys as key_admin
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
-from app.catalog.registry import Model, Route
+from app.catalog.pricing import Pricing, cost_of, worst_case_cost
+from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
 from app.credits import ledger
 from app.credits.accounts import create_account
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
-from app.credits.pricing import Pricing, cost_of, worst_case_cost
 from app.database import Money, UTCDateTime
 from app.encoding import dumps
 from app.extensions import db
@@ -36,7 +37,7 @@ from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
 from app.generations.lifecycle import Generation
 from app.generations.models import Generation as GenerationRecord
-from app.providers.base import ChatRequest, RouteTarget, Usage
+from app.providers.base import ChatRequest, Route, RouteTarget, Usage
 from app.sweeper import (
     LiveHolds,
     record_stream_progress,
@@ -207,30 +208,30 @@ def grant(account_id: int, amount: Decimal, *, idempotency_key: str | None) -> b
     return applied
 
 
-def issue_key(email: str) -> tuple[int, str]:
+def issue_key(account_id: int) -> tuple[int, str]:
     """Issue a key for the account; return its id and value."""
-    issued = keys.create_key(email=email, name="simulated")
+    issued = key_admin.create_key(account_id=account_id, name="simulated")
     return issued.id, issued.value
 
 
 def rotate_key(key_id: int) -> str:
     """Give the key a new value; return it."""
-    return keys.rotate_key(key_id).value
+    return key_admin.rotate_key(key_id).value
 
 
 def revoke_key(key_id: int) -> None:
     """Revoke the key."""
-    keys.revoke_key(key_id)
+    key_admin.revoke_key(key_id)
 
 
 def delete_key(key_id: int) -> None:
     """Delete the key."""
-    keys.delete_key(key_id)
+    key_admin.delete_key(key_id)
 
 
 def set_monthly_limit(key_id: int, limit: Decimal | None) -> None:
     """Set (or with None, lift) the key's monthly spend limit; every model stays permitted."""
-    keys.update_key_limits(key_id, permitted_models=None, monthly_limit=limit)
+    key_admin.update_key_limits(key_id, permitted_models=None, monthly_limit=limit)
 
 
 def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) -> ChatRequest:

@@ -787,7 +787,7 @@ class Simulation:
 
     def issue_key(self, account: SimAccount) -> SimKey:
         """Issue the account a new key."""
-        key = SimKey(f"k{account.index}.{len(account.keys)}", *driver.issue_key(account.email))
+        key = SimKey(f"k{account.index}.{len(account.keys)}", *driver.issue_key(account.id))
         account.keys.append(key)
         return key
 

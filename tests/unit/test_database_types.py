@@ -10,16 +10,16 @@ from sqlalchemy import text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeDecorator
 
-from app.auth.keys import create_key
+from app.accounts.keys import create_key
 from app.auth.models import ApiKey
 from app.database import (
     Money,
     UTCDateTime,
     execute_on_driver,
-    money_units,
     write_transaction,
 )
 from app.extensions import db
+from app.money import money_units
 from tests.factories import AccountFactory
 
 DIALECTS = [sqlite.dialect(), postgresql.psycopg2.dialect()]
@@ -88,7 +88,7 @@ def test_sqlite_keeps_a_time_as_naive_utc_text_to_the_microsecond():
 
 def test_json_columns_are_written_compact_by_every_engine(app_context):
     account = AccountFactory.create()
-    issued = create_key(email=account.email, name="json")
+    issued = create_key(account_id=account.id, name="json")
     models = ["dev-chat-mini", "dev-chat"]
     # The hot path's writes (on SQLite, the writer's own engine) ...
     write_transaction(

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, InvalidRequestError
 
-from app.auth.keys import create_key, find_caller, update_key_limits
+from app.accounts.keys import create_key, update_key_limits
+from app.auth.keys import find_caller
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import driver_form, execute_alone, execute_on_driver, fetch_on_driver
 from app.extensions import db
@@ -23,7 +24,7 @@ _ACCOUNT = select(Account.id, Account.balance, Account.created_at, Account.email
 
 def test_rows_read_on_the_driver_are_typed_as_sqlalchemy_types_them(app_context):
     account = AccountFactory.create(credits=Decimal("1.2345678901"))
-    issued = create_key(email=account.email, name="typed")
+    issued = create_key(account_id=account.id, name="typed")
     update_key_limits(issued.id, permitted_models=["dev-chat-mini"], monthly_limit=Decimal("2.5"))
 
     with db.engine.connect() as connection:

@@ -13,7 +13,7 @@ from flask_migrate import upgrade
 from sqlalchemy import insert, update
 
 from app import create_app
-from app.auth.keys import create_key
+from app.accounts.keys import create_key
 from app.auth.models import ApiKey
 from app.credits.accounts import create_account
 from app.credits.ledger import month_start, spend_month
@@ -57,9 +57,9 @@ def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_ur
     with app.app_context():
         upgrade(revision="0007")
         account = create_account(email=f"{uuid.uuid4().hex}@example.com")
-        unlimited = create_key(email=account.email, name="unlimited")
-        limited = create_key(email=account.email, name="limited", monthly_limit=Decimal("5"))
-        idle = create_key(email=account.email, name="idle")
+        unlimited = create_key(account_id=account.id, name="unlimited")
+        limited = create_key(account_id=account.id, name="limited", monthly_limit=Decimal("5"))
+        idle = create_key(account_id=account.id, name="idle")
         now = utcnow()
         for key_id in (unlimited.id, limited.id):
             charge(account.id, key_id, "0.25", now)

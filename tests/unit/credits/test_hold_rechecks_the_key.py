@@ -10,8 +10,9 @@ from decimal import Decimal
 
 import pytest
 
+from app.accounts.keys import delete_key, revoke_key, rotate_key
 from app.auth.errors import InvalidKey, KeyRevoked
-from app.auth.keys import delete_key, digest_key, revoke_key, rotate_key
+from app.auth.keys import digest_key
 from app.credits import ledger
 from app.credits.models import Account, Hold
 from app.extensions import db

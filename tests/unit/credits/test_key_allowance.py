@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import update
 
+from app.accounts.keys import create_key
 from app.auth.errors import InvalidKey
-from app.auth.keys import create_key
 from app.auth.models import ApiKey
 from app.credits import ledger
 from app.credits.models import Account, Hold
@@ -20,7 +20,7 @@ from tests.factories import AccountFactory
 
 def limited_key(limit: str, credits: str = "100"):
     account = AccountFactory.create(credits=Decimal(credits))
-    issued = create_key(email=account.email, name="limited", monthly_limit=Decimal(limit))
+    issued = create_key(account_id=account.id, name="limited", monthly_limit=Decimal(limit))
     return account, issued.id
 
 

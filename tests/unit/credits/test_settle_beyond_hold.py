@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from sqlalchemy import update
 
-from app.auth.keys import create_key
+from app.accounts.keys import create_key
 from app.auth.models import ApiKey
 from app.credits import ledger
 from app.credits.models import Account, Hold
@@ -45,7 +45,7 @@ def test_a_cost_above_the_hold_is_charged_in_full_when_the_balance_covers_it(app
 
 def test_a_cost_above_the_hold_stops_at_the_keys_monthly_limit(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
-    key_id = create_key(email=account.email, name="k", monthly_limit=Decimal("1")).id
+    key_id = create_key(account_id=account.id, name="k", monthly_limit=Decimal("1")).id
     held = ledger.place_hold(
         account_id=account.id, amount=Decimal("0.25"), ttl_seconds=60, key_id=key_id
     )
@@ -59,7 +59,7 @@ def test_a_cost_above_the_hold_stops_at_the_keys_monthly_limit(app_context):
 
 def test_an_expired_hold_is_charged_within_the_keys_limit(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
-    key_id = create_key(email=account.email, name="k", monthly_limit=Decimal("0.5")).id
+    key_id = create_key(account_id=account.id, name="k", monthly_limit=Decimal("0.5")).id
     held = ledger.place_hold(
         account_id=account.id, amount=Decimal("0.4"), ttl_seconds=60, key_id=key_id
     )

@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from app.catalog.registry import Route
 from app.observability.trace import RequestTrace
 from app.providers import router
-from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.base import ChatRequest, Route, RouteTarget, UpstreamConfig
 from app.providers.errors import (
     UpstreamError,
     UpstreamMisconfigured,

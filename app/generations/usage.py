@@ -1,4 +1,4 @@
-"""What a key may do and has spent: the body of GET /v1/key."""
+"""What keys have spent, from their generations' records: GET /v1/key, the dashboard."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from app.auth.keys import key_spend
+from sqlalchemy import func, select
+
 from app.auth.models import ApiKey
 from app.credits.ledger import month_start
 from app.database import utcnow
 from app.extensions import db
+from app.generations.models import Generation
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,19 @@ def key_usage(key_id: int, now: datetime | None = None) -> KeyUsage:
     )
     db.session.commit()
     return usage
+
+
+def key_spend(key_id: int, *, since: datetime) -> Decimal:
+    """Return what the generations of key ``key_id`` were charged since ``since``."""
+    spent = _spent_since(key_id, since)
+    db.session.commit()
+    return spent
+
+
+def _spent_since(key_id: int, since: datetime) -> Decimal:
+    total = db.session.scalar(
+        select(func.sum(Generation.cost)).where(
+            Generation.api_key_id == key_id, Generation.created_at >= since
+        )
+    )
+    return total if total is not None else Decimal(0)

@@ -1,14 +1,15 @@
-"""GET /v1/key: the calling key's name, limits and spend."""
+"""A caller's own generations and key: GET /v1/generations/{id}, GET /v1/key."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, g
 
 from app.auth.decorators import require_api_key
-from app.auth.usage import key_usage
 from app.encoding import dumps
+from app.generations.lookup import find_generation_or_raise, generation_body
+from app.generations.usage import key_usage
 
-bp = Blueprint("keys", __name__)
+bp = Blueprint("generations", __name__)
 
 
 @bp.get("/key")
@@ -29,3 +30,13 @@ def read_key() -> Response:
         }
     }
     return Response(dumps(body), mimetype="application/json")
+
+
+@bp.get("/generations/<generation_id>")
+@require_api_key
+def read_generation(generation_id: str) -> Response:
+    """Answer one of the caller's generations: tokens, cost, timings, upstreams tried."""
+    generation = find_generation_or_raise(
+        account_id=g.caller.account_id, generation_id=generation_id
+    )
+    return Response(dumps({"data": generation_body(generation)}), mimetype="application/json")

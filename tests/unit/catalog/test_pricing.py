@@ -2,11 +2,10 @@ from decimal import Decimal
 
 import pytest
 
-from app.credits.pricing import (
+from app.catalog.pricing import (
     Pricing,
     affordable_completion_tokens,
     cost_of,
-    to_money,
     worst_case_cost,
 )
 from app.providers.base import Usage
@@ -48,11 +47,6 @@ def test_cost_is_exact_where_floats_are_not():
     usage = Usage(prompt_tokens=3, completion_tokens=3)
     assert 3 * 0.1 / 1e6 + 3 * 0.2 / 1e6 != 0.0000009  # the float answer is off
     assert cost_of(usage, pricing) == Decimal("0.0000009")
-
-
-def test_costs_round_half_up_at_the_money_quantum():
-    assert to_money(Decimal("0.00000000015")) == Decimal("0.0000000002")
-    assert to_money(Decimal("0.000000000149")) == Decimal("0.0000000001")
 
 
 def test_worst_case_prices_the_prompt_at_its_dearest_rate():

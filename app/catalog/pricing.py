@@ -8,11 +8,11 @@ at which balances are stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
+from app.money import to_money
 from app.providers.base import Usage
 
-MONEY_QUANTUM = Decimal("1e-10")
 PER_MILLION = Decimal(1_000_000)
 
 
@@ -33,11 +33,6 @@ class Pricing:
             "cached_read": self.cached_read,
             "image": self.image,
         }
-
-
-def to_money(amount: Decimal) -> Decimal:
-    """Round an exact amount to the resolution balances are kept at."""
-    return amount.quantize(MONEY_QUANTUM, rounding=ROUND_HALF_UP)
 
 
 def cost_of(usage: Usage, pricing: Pricing) -> Decimal:

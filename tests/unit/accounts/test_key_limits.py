@@ -9,13 +9,15 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import insert
 
-from app.auth.errors import InvalidKeyLimits, KeyNotFound
-from app.auth.keys import create_key, find_caller, key_spend, update_key_limits
+from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.accounts.keys import create_key, update_key_limits
+from app.auth.keys import find_caller
 from app.auth.models import ApiKey
 from app.credits.ledger import MonthlyLimitShortfall, place_hold, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
+from app.generations.usage import key_spend
 from tests.factories import AccountFactory
 
 
@@ -46,7 +48,7 @@ def record_generation(account_id: int, key_id: int, cost: str, created_at) -> No
 
 def test_a_new_key_is_unlimited_by_default(app_context):
     account = AccountFactory.create()
-    issued = create_key(email=account.email, name="plain")
+    issued = create_key(account_id=account.id, name="plain")
     caller = find_caller(issued.value)
     assert caller.permitted_models is None and caller.monthly_limit is None
     assert caller.may_use("dev-chat") and caller.may_use("dev-slow")
@@ -55,7 +57,7 @@ def test_a_new_key_is_unlimited_by_default(app_context):
 def test_a_key_limited_at_creation_may_use_only_its_models(app_context):
     account = AccountFactory.create()
     issued = create_key(
-        email=account.email,
+        account_id=account.id,
         name="limited",
         permitted_models=["dev-chat-mini", "dev-chat-mini"],
         monthly_limit=Decimal("0.000010"),
@@ -85,9 +87,9 @@ def test_a_key_limited_at_creation_may_use_only_its_models(app_context):
 def test_invalid_limits_are_refused_and_nothing_is_written(app_context, models, limit, problem):
     account = AccountFactory.create()
     with pytest.raises(InvalidKeyLimits, match=problem):
-        create_key(email=account.email, name="bad", permitted_models=models, monthly_limit=limit)
+        create_key(account_id=account.id, name="bad", permitted_models=models, monthly_limit=limit)
     assert db.session.query(ApiKey).filter_by(account_id=account.id).count() == 0
-    issued = create_key(email=account.email, name="good")
+    issued = create_key(account_id=account.id, name="good")
     with pytest.raises(InvalidKeyLimits, match=problem):
         update_key_limits(issued.id, permitted_models=models, monthly_limit=limit)
     db.session.expire_all()
@@ -98,13 +100,13 @@ def test_invalid_limits_are_refused_and_nothing_is_written(app_context, models, 
 @pytest.mark.parametrize("limit", [Decimal(0), Decimal("0.000010"), Decimal("12.5"), 3])
 def test_zero_and_six_decimal_limits_are_valid(app_context, limit):
     account = AccountFactory.create()
-    issued = create_key(email=account.email, name="k", monthly_limit=limit)
+    issued = create_key(account_id=account.id, name="k", monthly_limit=limit)
     assert db.session.get(ApiKey, issued.id).monthly_limit == Decimal(limit)
 
 
 def test_update_key_limits_sets_and_clears_them(app_context):
     account = AccountFactory.create()
-    issued = create_key(email=account.email, name="k")
+    issued = create_key(account_id=account.id, name="k")
     key = update_key_limits(issued.id, permitted_models=["dev-chat"], monthly_limit=Decimal("2"))
     assert key.permitted_models == ["dev-chat"] and key.monthly_limit == Decimal("2")
     assert find_caller(issued.value).may_use("dev-chat-mini") is False
@@ -120,8 +122,8 @@ def test_update_key_limits_of_an_unknown_key_raises(app_context):
 
 def test_key_spend_sums_the_keys_charges_since_a_moment(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
-    issued = create_key(email=account.email, name="k")
-    other = create_key(email=account.email, name="other")
+    issued = create_key(account_id=account.id, name="k")
+    other = create_key(account_id=account.id, name="other")
     now = utcnow()
     record_generation(account.id, issued.id, "0.25", now - timedelta(days=40))
     record_generation(account.id, issued.id, "0.0000000001", now - timedelta(minutes=1))
@@ -134,7 +136,7 @@ def test_key_spend_sums_the_keys_charges_since_a_moment(app_context):
 
 def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
-    issued = create_key(email=account.email, name="k")
+    issued = create_key(account_id=account.id, name="k")
     now = utcnow()
     record_generation(account.id, issued.id, "0.4", now)
     key = update_key_limits(issued.id, permitted_models=None, monthly_limit=Decimal("1"))
@@ -143,7 +145,7 @@ def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):
 
 def test_a_limit_set_while_a_request_runs_counts_its_hold_and_caps_its_charge(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
-    issued = create_key(email=account.email, name="k")
+    issued = create_key(account_id=account.id, name="k")
     running = place_hold(
         account_id=account.id, amount=Decimal("0.6"), ttl_seconds=60, key_id=issued.id
     )

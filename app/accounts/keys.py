@@ -1,0 +1,182 @@
+"""Issuing and changing an account's API keys: names, limits, rotation, revocation, deletion.
+
+A key may be limited to some of the served models and to a monthly spend in USD; the
+ledger enforces the spend limit in the hold's transaction (see ``app.credits.ledger``).
+Every change that alters what a key's caller may do is told to the processes that
+remember callers (``forget_remembered_callers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlalchemy import select
+
+from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.auth.keys import DISPLAY_LENGTH, digest_key, forget_remembered_callers, generate_key
+from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
+from app.catalog.registry import current_catalog
+from app.credits.ledger import spend_month
+from app.database import utcnow
+from app.extensions import db
+
+LIMIT_DECIMAL_PLACES = 6
+LIMIT_QUANTUM = Decimal(1).scaleb(-LIMIT_DECIMAL_PLACES)
+# Money is stored as a 64-bit count of 1e-10 USD; a limit stays well within it.
+MAX_MONTHLY_LIMIT = Decimal(100_000_000)
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A freshly issued key: its record's id and the value, shown this once."""
+
+    id: int
+    value: str
+    display_prefix: str
+
+
+def _find_key_or_raise(key_id: int) -> ApiKey:
+    key = db.session.get(ApiKey, key_id)
+    if key is None or key.state == DELETED:
+        raise KeyNotFound(f"no API key with id {key_id}")
+    return key
+
+
+def create_key(
+    *,
+    account_id: int,
+    name: str,
+    permitted_models: list[str] | None = None,
+    monthly_limit: Decimal | None = None,
+) -> IssuedKey:
+    """Issue a new active key for the account ``account_id``, optionally limited.
+
+    :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    """
+    models = checked_permitted_models(permitted_models)
+    limit = checked_monthly_limit(monthly_limit)
+    value = generate_key()
+    key = ApiKey(
+        account_id=account_id,
+        name=name,
+        digest=digest_key(value),
+        display_prefix=value[:DISPLAY_LENGTH],
+        state=ACTIVE,
+        permitted_models=models,
+        monthly_limit=limit,
+        spend_month=spend_month(utcnow()),
+        month_spent=Decimal(0),
+        month_reserved=Decimal(0),
+    )
+    db.session.add(key)
+    db.session.commit()
+    return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
+
+
+def update_key_limits(
+    key_id: int, *, permitted_models: list[str] | None, monthly_limit: Decimal | None
+) -> ApiKey:
+    """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
+
+    Every hold and charge is kept on the key's row (see ``app.credits.ledger``), so a
+    limit set in the middle of a month counts what was already spent and what the key's
+    running requests hold.
+
+    :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    :raise KeyNotFound: no key has ``key_id``.
+    """
+    models = checked_permitted_models(permitted_models)
+    limit = checked_monthly_limit(monthly_limit)
+    key = db.session.scalar(
+        select(ApiKey).where(ApiKey.id == key_id, ApiKey.state != DELETED).with_for_update()
+    )
+    if key is None:
+        db.session.rollback()
+        raise KeyNotFound(f"no API key with id {key_id}")
+    key.permitted_models = models
+    key.monthly_limit = limit
+    db.session.commit()
+    forget_remembered_callers()
+    return key
+
+
+def checked_permitted_models(permitted_models: list[str] | None) -> list[str] | None:
+    """Return the model ids without repeats; raise InvalidKeyLimits unless all are served."""
+    if permitted_models is None:
+        return None
+    if isinstance(permitted_models, str) or not all(
+        isinstance(model_id, str) for model_id in permitted_models
+    ):
+        raise InvalidKeyLimits("permitted models must be a list of model ids")
+    models = list(dict.fromkeys(permitted_models))
+    if not models:
+        raise InvalidKeyLimits("permitted models must name at least one model")
+    served = current_catalog().models
+    if unknown := [model_id for model_id in models if model_id not in served]:
+        raise InvalidKeyLimits(f"unknown model id {unknown[0]!r}: not in the served catalog")
+    return models
+
+
+def checked_monthly_limit(monthly_limit: Decimal | None) -> Decimal | None:
+    """Return the limit if it is a valid USD amount; raise InvalidKeyLimits otherwise."""
+    if monthly_limit is None:
+        return None
+    if isinstance(monthly_limit, bool) or not isinstance(monthly_limit, Decimal | int):
+        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
+    limit = Decimal(monthly_limit)
+    if not limit.is_finite():
+        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
+    if limit < 0:
+        raise InvalidKeyLimits(f"the monthly limit must not be negative: {limit}")
+    if limit > MAX_MONTHLY_LIMIT:
+        raise InvalidKeyLimits(f"the monthly limit must be at most {MAX_MONTHLY_LIMIT} USD")
+    if limit != limit.quantize(LIMIT_QUANTUM):
+        raise InvalidKeyLimits(
+            f"the monthly limit has more than {LIMIT_DECIMAL_PLACES} decimal places: {limit}"
+        )
+    return limit
+
+
+def rotate_key(key_id: int) -> IssuedKey:
+    """Give key ``key_id`` a new value; the old one fails at once. Raise KeyNotFound."""
+    key = _find_key_or_raise(key_id)
+    value = generate_key()
+    key.digest = digest_key(value)
+    key.display_prefix = value[:DISPLAY_LENGTH]
+    db.session.commit()
+    forget_remembered_callers()
+    return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
+
+
+def revoke_key(key_id: int) -> ApiKey:
+    """Revoke key ``key_id``: kept, but refused with 403. Raise KeyNotFound."""
+    key = _find_key_or_raise(key_id)
+    key.state = REVOKED
+    db.session.commit()
+    forget_remembered_callers()
+    return key
+
+
+def delete_key(key_id: int) -> None:
+    """Delete key ``key_id`` for good: its value is unknown from now on. Raise KeyNotFound.
+
+    The row stays, in state ``deleted`` and without its digest (see ``ApiKey``).
+    """
+    key = _find_key_or_raise(key_id)
+    key.state = DELETED
+    # Unique like a digest, but never the sha256 hex of a key (it has a non-hex letter).
+    key.digest = f"deleted-{key.id}"
+    db.session.commit()
+    forget_remembered_callers()
+
+
+def list_keys(account_id: int) -> list[ApiKey]:
+    """Return the keys (not deleted) of the account ``account_id``, oldest first."""
+    return list(
+        db.session.scalars(
+            select(ApiKey)
+            .where(ApiKey.account_id == account_id, ApiKey.state != DELETED)
+            .order_by(ApiKey.id)
+        )
+    )

@@ -1,0 +1,24 @@
+"""Money: USD as exact Decimal in the code, rounded once, to the resolution balances keep.
+
+Balances, holds and charges are stored as integer counts of MONEY_QUANTUM (1e-10 USD),
+so that every balance check is an exact integer comparison, on SQLite too.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal
+
+MONEY_QUANTUM = Decimal("1e-10")
+UNITS_PER_USD = int(1 / MONEY_QUANTUM)
+
+
+def to_money(amount: Decimal) -> Decimal:
+    """Round an exact amount to the resolution balances are kept at."""
+    return amount.quantize(MONEY_QUANTUM, rounding=ROUND_HALF_UP)
+
+
+def money_units(value: Decimal | int | None) -> int | None:
+    """Return ``value`` USD as the count of MONEY_QUANTUM stored for it (rounded by to_money)."""
+    if value is None:
+        return None
+    return int(to_money(Decimal(value)) * UNITS_PER_USD)
