@@ -60,18 +60,19 @@ def register_extensions(app: Flask) -> None:
 
 def register_blueprints(app: Flask) -> None:
     """Mount the API under /v1, the probes, the metrics and the dashboard at the root."""
-    from app import health, openapi
+    from app import openapi
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
     from app.dashboard import views as dashboard_views
     from app.generations import views as generation_views
-    from app.observability import views as observability_views
+    from app.monitoring import health
+    from app.monitoring import metrics as metrics_views
 
     app.register_blueprint(health.bp)
     limiter.exempt(health.bp)
-    app.register_blueprint(observability_views.bp)
-    limiter.exempt(observability_views.bp)
+    app.register_blueprint(metrics_views.bp)
+    limiter.exempt(metrics_views.bp)
     app.register_blueprint(openapi.bp, url_prefix=API_PREFIX)
     limiter.exempt(openapi.bp)
     app.register_blueprint(catalog_views.bp, url_prefix=API_PREFIX)

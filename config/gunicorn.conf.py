@@ -82,6 +82,7 @@ logger_class = GatewayLogger
 
 def on_starting(server):  # noqa: ANN001, ANN201
     """Refuse to start, in one line, when the configuration or the catalog is wrong."""
+    from app.catalog.errors import CatalogError
     from app.catalog.registry import load_catalog
     from config.settings import ConfigurationError, config_class, settings_from_environment
 
@@ -89,7 +90,7 @@ def on_starting(server):  # noqa: ANN001, ANN201
         config_class()
         settings = settings_from_environment(os.environ)
         load_catalog(settings.get("MODEL_CATALOG", config_class().MODEL_CATALOG))
-    except ConfigurationError as error:
+    except (ConfigurationError, CatalogError) as error:
         sys.exit(f"configuration error: {error}")
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from app.errors import APIError
-from config.settings import ConfigurationError
 
 
-class CatalogError(ConfigurationError):
+class CatalogError(Exception):
     """The catalog file cannot be served; the message names the file, entry and problem."""
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,11 +29,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from app.observability.trace import RequestTrace
 from app.process import process_id
-
-if TYPE_CHECKING:
-    from app.catalog.registry import Catalog
-    from app.providers.base import UpstreamConfig
-    from app.providers.cooldown import UpstreamCooldowns
 
 MULTIPROCESS_DIRECTORY = "PROMETHEUS_MULTIPROC_DIR"
 OPERATION = "chat"
@@ -198,31 +193,3 @@ def render_metrics(scraped: Iterable[Metric]) -> bytes:
         live.register(SnapshotCollector(registry.collect()))
     live.register(SnapshotCollector(scraped))
     return generate_latest(live)
-
-
-def upstream_state_families(catalog: Catalog, cooldowns: UpstreamCooldowns) -> list[Metric]:
-    """Read every upstream's cooldown state: failures in a row, seconds of cooldown left."""
-    failures = GaugeMetricFamily(
-        "gateway_upstream_consecutive_failures",
-        "Calls to the upstream that failed in a row.",
-        labels=["upstream"],
-    )
-    cooling = GaugeMetricFamily(
-        "gateway_upstream_cooldown_seconds",
-        "Seconds the upstream's cooldown has left (0: it is served).",
-        labels=["upstream"],
-    )
-    for upstream in catalog_upstreams(catalog):
-        state = cooldowns.state(upstream)
-        failures.add_metric([upstream.name], state.failures)
-        cooling.add_metric([upstream.name], state.seconds_left)
-    return [failures, cooling]
-
-
-def catalog_upstreams(catalog: Catalog) -> list[UpstreamConfig]:
-    """Return the upstreams the catalog's routes use, each once, in catalog order."""
-    seen: dict[str, UpstreamConfig] = {}
-    for model in catalog.list():
-        for route in model.routes:
-            seen.setdefault(route.adapter.upstream.name, route.adapter.upstream)
-    return list(seen.values())

@@ -7,19 +7,20 @@ import logging
 
 from flask import Blueprint, Response, current_app, request
 from prometheus_client import CONTENT_TYPE_LATEST
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import NotFound
 
 from app.auth.decorators import bearer_token
-from app.catalog.registry import current_catalog
+from app.catalog.registry import Catalog, current_catalog
 from app.credits.holds import open_holds_summary
 from app.extensions import db
-from app.observability.metrics import gauge, render_metrics, upstream_state_families
-from app.providers.cooldown import upstream_cooldowns
+from app.observability.metrics import gauge, render_metrics
+from app.providers.base import UpstreamConfig
+from app.providers.cooldown import UpstreamCooldowns, upstream_cooldowns
 
 log = logging.getLogger(__name__)
-bp = Blueprint("observability", __name__)
+bp = Blueprint("metrics", __name__)
 
 
 @bp.get("/metrics")
@@ -46,3 +47,31 @@ def hold_families() -> list[Metric]:
         gauge("gateway_holds_open", "Credit holds of requests in flight.", holds.count),
         gauge("gateway_holds_open_usd", "USD held for requests in flight.", holds.amount),
     ]
+
+
+def upstream_state_families(catalog: Catalog, cooldowns: UpstreamCooldowns) -> list[Metric]:
+    """Read every upstream's cooldown state: failures in a row, seconds of cooldown left."""
+    failures = GaugeMetricFamily(
+        "gateway_upstream_consecutive_failures",
+        "Calls to the upstream that failed in a row.",
+        labels=["upstream"],
+    )
+    cooling = GaugeMetricFamily(
+        "gateway_upstream_cooldown_seconds",
+        "Seconds the upstream's cooldown has left (0: it is served).",
+        labels=["upstream"],
+    )
+    for upstream in catalog_upstreams(catalog):
+        state = cooldowns.state(upstream)
+        failures.add_metric([upstream.name], state.failures)
+        cooling.add_metric([upstream.name], state.seconds_left)
+    return [failures, cooling]
+
+
+def catalog_upstreams(catalog: Catalog) -> list[UpstreamConfig]:
+    """Return the upstreams the catalog's routes use, each once, in catalog order."""
+    seen: dict[str, UpstreamConfig] = {}
+    for model in catalog.list():
+        for route in model.routes:
+            seen.setdefault(route.adapter.upstream.name, route.adapter.upstream)
+    return list(seen.values())

@@ -1,0 +1,1 @@
+"""The operator's door: liveness and readiness probes, and the Prometheus scrape."""
