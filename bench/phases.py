@@ -50,11 +50,16 @@ STEPS = [
     (2, "settle the hold", "app.generations.lifecycle", "settle_hold"),
     (0, "write the access line", "app.observability.middleware", "log_access"),
     (0, "record the metrics", "app.observability.metrics", "observe_request"),
-    (0, "SQLite: take the write lock", "app.database", "_take_write_lock"),
-    (0, "SQLite: run a write's statements", "app.database", "_run_write"),
+    (0, "SQLite: take the write lock", "app.database.sqlite", "_take_write_lock"),
+    (0, "SQLite: run a write's statements", "app.database.sqlite", "_run_write"),
     (0, "database: commit a transaction", "sqlalchemy.engine.base.RootTransaction", "commit"),
-    (0, "database: bind a driver statement's parameters", "app.database.DriverForm", "arguments"),
-    (0, "database: execute a driver statement", "app.database", "_on_driver"),
+    (
+        0,
+        "database: bind a driver statement's parameters",
+        "app.database.driver.DriverForm",
+        "arguments",
+    ),
+    (0, "database: execute a driver statement", "app.database.driver", "driver_cursor"),
 ]
 
 

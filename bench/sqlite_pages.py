@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.database import sqlite_checkpoint_pages  # noqa: E402
+from app.database.sqlite import sqlite_checkpoint_pages  # noqa: E402
 from bench.load import send_requests  # noqa: E402
 from bench.run import (  # noqa: E402
     Gateway,

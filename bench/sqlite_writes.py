@@ -3,7 +3,7 @@
 Replays, with Python's sqlite3 alone, the statements one whole billed request runs on
 SQLite (the key's lookup; the hold: two UPDATEs and an INSERT; the settlement: three
 UPDATEs and two INSERTs), on a database the gateway's migrations made, with the
-gateway's settings (app.database.sqlite_pragmas: WAL, synchronous=NORMAL, the checkpoint
+gateway's settings (app.database.sqlite.sqlite_pragmas: WAL, synchronous=NORMAL, the checkpoint
 interval, foreign keys). The statements are those sqlite3's trace callback showed the
 gateway running (commit 2f627c7); the columns of the generation record are read from
 the schema. Three ways of committing:
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.database import sqlite_pragmas  # noqa: E402
+from app.database.sqlite import sqlite_pragmas  # noqa: E402
 from bench.run import bench_catalog, funded_key, gateway_env  # noqa: E402
 
 WARM_UP = 320

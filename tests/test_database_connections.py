@@ -14,7 +14,6 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
-from app import database as app_database
 from app.credits import ledger
 from app.credits.models import LedgerEntry
 from app.database import (
@@ -23,6 +22,7 @@ from app.database import (
     PREPARED_STATEMENTS_LOST,
     execute_alone,
 )
+from app.database import connections as app_database
 from app.extensions import db
 from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG, running_server

@@ -13,7 +13,8 @@ from sqlalchemy.exc import IntegrityError, InvalidRequestError
 from app.accounts.keys import create_key, update_key_limits
 from app.auth.keys import find_caller
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import driver_form, execute_alone, execute_on_driver, fetch_on_driver
+from app.database import execute_alone, execute_on_driver, fetch_on_driver
+from app.database.driver import driver_form
 from app.extensions import db
 from tests.factories import AccountFactory
 

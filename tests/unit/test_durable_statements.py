@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, literal, select
 
-from app.database import _FLUSH_WAL, COMMIT_AS_CHOSEN, DurableStatements, execute_alone
+from app.database import COMMIT_AS_CHOSEN, execute_alone
+from app.database.postgresql import _FLUSH_WAL, DurableStatements
 from app.extensions import db
 
 FLUSH = "flush"

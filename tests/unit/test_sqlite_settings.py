@@ -6,7 +6,7 @@ import sqlite3
 
 from sqlalchemy import create_engine, text
 
-from app.database import SQLITE_PAGE_SIZE, SQLITE_WAL_BYTES_BEFORE_CHECKPOINT
+from app.database.sqlite import SQLITE_PAGE_SIZE, SQLITE_WAL_BYTES_BEFORE_CHECKPOINT
 
 PRAGMAS = ("page_size", "journal_mode", "synchronous", "wal_autocheckpoint", "foreign_keys")
 

@@ -12,8 +12,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app import database as app_database
-from app.database import SQLiteWriter, sqlite_writer_engine
+from app.database import sqlite as app_database
+from app.database.sqlite import SQLiteWriter, sqlite_writer_engine
 from app.observability import metrics
 
 _NOTE = text("INSERT INTO notes (word) VALUES (:word)")

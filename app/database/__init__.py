@@ -1,0 +1,44 @@
+"""The database: column types, and the three doors every write of the app goes through.
+
+Domain code writes through ``write_transaction``, ``execute_alone`` and
+``execute_durably`` and never asks which database runs them: SQLite's group commit,
+PostgreSQL's kept connections and shared WAL flushes, and the driver-level execution
+of prebuilt statements stay behind these doors.
+"""
+
+from app.database.connections import (
+    AUTOCOMMIT_ENGINE,
+    KEPT_CONNECTIONS,
+    StatementsNotSent,
+    execute_alone,
+    execute_durably,
+    failure_reason,
+    init_database,
+    runs_alone,
+    write_transaction,
+)
+from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
+from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
+from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
+
+__all__ = [
+    "AUTOCOMMIT_ENGINE",
+    "COMMIT_AS_CHOSEN",
+    "COMMIT_WITHOUT_WAITING",
+    "KEPT_CONNECTIONS",
+    "PREPARED_STATEMENTS_LOST",
+    "BoundStatement",
+    "Money",
+    "StatementsNotSent",
+    "UTCDateTime",
+    "execute_alone",
+    "execute_durably",
+    "execute_on_driver",
+    "failure_reason",
+    "fetch_on_driver",
+    "init_database",
+    "runs_alone",
+    "utcnow",
+    "wait_cooperatively",
+    "write_transaction",
+]

@@ -1,0 +1,299 @@
+"""The three doors every write goes through, and the connections behind them.
+
+- ``write_transaction``: statements in a transaction of their own (on SQLite, one of the
+  process's queued writes, committed with others);
+- ``execute_alone``: one all-or-nothing statement in autocommit, on a connection the
+  process keeps (on PostgreSQL, prepared);
+- ``execute_durably``: such a statement that is on disk when it returns (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from flask import Flask, current_app
+from sqlalchemy import (
+    Executable,
+    create_engine,
+    event,
+    exc,
+)
+from sqlalchemy.engine import Connection, Engine
+
+from app.database.driver import execute_prepared, fetch_on_driver
+from app.database.postgresql import DurableStatements
+from app.database.sqlite import SQLiteWriter, sqlite_writer_engine
+from app.encoding import JSON_COLUMN_CODEC
+from app.extensions import db
+from app.process import process_id
+
+log = logging.getLogger(__name__)
+
+
+def ping_idle_connections(engine: Engine, idle_seconds: float) -> None:
+    """Check a pooled connection before use only if it sat unused for ``idle_seconds``.
+
+    A connection lost while idle (a database restart, a firewall dropping quiet
+    connections) is replaced before it fails a request, as ``pool_pre_ping`` would,
+    without pre_ping's round trip on every checkout of a busy pool. A connection lost
+    while in use fails its statement, and SQLAlchemy then replaces the whole pool.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def note_idle_since(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def ping_if_idle(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < idle_seconds:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            # The pool discards the connection and checks out another.
+            raise exc.DisconnectionError() from error
+
+
+AUTOCOMMIT_ENGINE = "gateway.autocommit_engine"
+KEPT_CONNECTIONS = "gateway.kept_connections"
+SQLITE_WRITER = "gateway.sqlite_writer"
+DURABLE_STATEMENTS = "gateway.durable_statements"
+
+
+def init_database(app: Flask) -> None:
+    """Bind the database; add the engine the hot path writes through.
+
+    The hot path's statements on PostgreSQL are each complete on their own (a key's
+    lookup, a hold, a covered settlement): run in autocommit they cost one round trip
+    instead of three (BEGIN, the statement, COMMIT), and the rows they lock are free as
+    soon as the statement ends, not when the worker gets round to its COMMIT, which is
+    what every request waits on when they all pay from one account.
+    """
+    db.init_app(app)
+    idle_seconds = app.config["DATABASE_IDLE_PING_SECONDS"]
+    with app.app_context():
+        # The session's engine serves no statement of a billed request on PostgreSQL
+        # (they run alone, and again on a lost connection): its reads (the dashboard,
+        # GET /v1/key) can afford a ping of every pooled connection before its use.
+        ping_idle_connections(
+            db.engine, 0 if db.engine.dialect.name == "postgresql" else idle_seconds
+        )
+        options = {**JSON_COLUMN_CODEC, **app.config["SQLALCHEMY_ENGINE_OPTIONS"]}
+        alone = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", **options)
+        ping_idle_connections(alone, idle_seconds)
+        app.extensions[KEPT_CONNECTIONS] = KeptConnections(alone, idle_seconds)
+        if db.engine.dialect.name == "postgresql":
+            app.extensions[AUTOCOMMIT_ENGINE] = alone
+            app.extensions[DURABLE_STATEMENTS] = DurableStatements(
+                functools.partial(execute_alone, prepared=True, again_if_lost=False)
+            )
+        elif db.engine.dialect.name == "sqlite":
+            app.extensions[SQLITE_WRITER] = SQLiteWriter(sqlite_writer_engine(db.engine))
+
+
+def runs_alone() -> bool:
+    """Tell whether statements that write run alone (in autocommit): on PostgreSQL."""
+    return AUTOCOMMIT_ENGINE in current_app.extensions
+
+
+Written = TypeVar("Written")
+
+
+def write_transaction(work: Callable[[Connection], Written]) -> Written:
+    """Run ``work`` on a connection in a transaction of its own; return what it returns.
+
+    The transaction is committed when ``work`` returns, and rolled back if it raises,
+    its exception raised here. On SQLite it is one of the process's queued writes
+    (SQLiteWriter), which may commit together with others: ``work`` must then only run
+    statements on the connection it is given, never wait on anything else, and leave the
+    connection's transaction to its caller (raise to undo what it did).
+    """
+    writer = current_app.extensions.get(SQLITE_WRITER)
+    if writer is not None:
+        return writer.run(work)
+    try:
+        return _transaction(work)
+    except StatementsNotSent as lost:
+        log.warning("%s; running the transaction again on another connection", lost)
+    try:
+        return _transaction(work)
+    except StatementsNotSent as lost:
+        raise lost.error from None
+
+
+def failure_reason(error: exc.DBAPIError) -> str:
+    """Say why a statement failed in one line, without its text or parameters."""
+    lost = "the database connection was lost" if error.connection_invalidated else "it failed"
+    first_line = str(error.orig).strip().splitlines()[0] if str(error.orig).strip() else ""
+    return f"{lost}: {type(error.orig).__name__} {first_line}".rstrip()
+
+
+class StatementsNotSent(Exception):
+    """A transaction's connection was found lost before it committed: nothing was applied."""
+
+    def __init__(self, error: exc.DBAPIError) -> None:
+        super().__init__(failure_reason(error))
+        self.error = error
+
+
+def _transaction(work: Callable[[Connection], Written]) -> Written:
+    """Run ``work`` in a transaction on a pooled connection; commit it.
+
+    A connection the server closed while it sat in the pool fails the first statement
+    sent on it, and the transaction with it: StatementsNotSent says so, so that the
+    caller may run it again. A connection lost during the COMMIT is not one: the commit
+    may have been applied.
+    """
+    with db.engine.connect() as connection:
+        transaction = connection.begin()
+        try:
+            result = work(connection)
+        except exc.DBAPIError as error:
+            transaction.rollback()
+            if error.connection_invalidated:
+                raise StatementsNotSent(
+                    f"the database connection was lost: {error.orig}"
+                ) from error
+            raise
+        except BaseException:
+            transaction.rollback()
+            raise
+        transaction.commit()
+        return result
+
+
+# The most writes a process commits together: each one queued makes the first wait longer.
+
+
+def execute_alone(
+    statement: Executable,
+    parameters: dict[str, Any],
+    *,
+    prepared: bool = False,
+    again_if_lost: bool = True,
+) -> Sequence[Any]:
+    """Run one statement on a connection of its own, in autocommit; return its rows.
+
+    The connection is kept by the process for the next such statement (KeptConnections),
+    free for it as soon as this returns. Nothing can roll the statement back, so it must
+    be all-or-nothing by itself; on SQLite it must write nothing, since writes wait
+    their turn through write_transaction. ``prepared``, it is planned once per
+    connection on PostgreSQL.
+
+    A statement whose connection is found lost (the server closed it while it sat
+    unused) runs once more on another, every kept connection given up with it: a read,
+    or a hold whose first try, if it was applied after all, is a hold nobody settles,
+    released when it expires. ``again_if_lost=False`` leaves that to the caller, for a
+    statement that must know whether it was applied (a settlement).
+    """
+    kept = current_app.extensions[KEPT_CONNECTIONS]
+    if not again_if_lost:
+        return kept.run(statement, parameters, prepared=prepared)
+    try:
+        return kept.run(statement, parameters, prepared=prepared)
+    except exc.DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+        log.warning("%s; running the statement again", failure_reason(error))
+    return kept.run(statement, parameters, prepared=prepared)
+
+
+class KeptConnections:
+    """The connections of statements run alone, kept by the process between statements.
+
+    Checking a connection out of SQLAlchemy's pool and in again costs about 120K
+    instructions under gevent (its queue's locks are pure Python there), more than the
+    statement's own work. The process keeps the connections its statements used and
+    takes the most recent first. One goes back to the pool when the pool has none left
+    to give (another statement may be waiting for one there), when its statement failed
+    (a lost one sends back every kept one: the server went away), and, if it sat unused
+    longer than the idle ping's time, it is pinged first, as the pool's checkout would.
+
+    Its engine's pool has no other client, so the connections checked out of it are
+    the ones counted here: asking the pool would take its queue's lock again.
+    """
+
+    def __init__(self, engine: Engine, idle_seconds: float) -> None:
+        self.engine = engine
+        self.idle_seconds = idle_seconds
+        self._kept: list[tuple[Connection, float]] = []
+        self._checked_out = 0
+        self._pid = process_id()
+
+    def run(
+        self, statement: Executable, parameters: dict[str, Any], *, prepared: bool
+    ) -> Sequence[Any]:
+        """Run ``statement`` in autocommit on a kept connection; return its rows."""
+        connection = self.take()
+        try:
+            if prepared and connection.dialect.name == "postgresql":
+                rows = execute_prepared(connection, statement, parameters)
+            else:
+                rows = fetch_on_driver(connection, statement, parameters)
+        except BaseException:
+            self.discard(connection)
+            raise
+        self.keep(connection)
+        return rows
+
+    def take(self) -> Connection:
+        """Return a kept connection that is still good, else one from the pool."""
+        if self._pid != process_id():
+            # A forked child: its parent's connections are not its own.
+            self._pid, self._kept, self._checked_out = process_id(), [], 0
+            self.engine.dispose(close=False)
+        while self._kept:
+            connection, kept_since = self._kept.pop()
+            if time.monotonic() - kept_since < self.idle_seconds or self._answers(connection):
+                return connection
+        connection = self.engine.connect()
+        self._checked_out += 1
+        return connection
+
+    def keep(self, connection: Connection) -> None:
+        """Keep ``connection`` for the next statement, or give it back if someone may wait."""
+        if connection.invalidated or self._checked_out >= self.engine.pool.size():
+            self._give_back(connection)
+        else:
+            self._kept.append((connection, time.monotonic()))
+
+    def discard(self, connection: Connection) -> None:
+        """Give back the connection of a failed statement; if it was lost, every kept one."""
+        if connection.invalidated:
+            kept, self._kept = self._kept, []
+            for other, _ in kept:
+                other.invalidate()
+                self._give_back(other)
+        self._give_back(connection)
+
+    def _give_back(self, connection: Connection) -> None:
+        connection.close()
+        self._checked_out -= 1
+
+    def _answers(self, connection: Connection) -> bool:
+        try:
+            self.engine.dialect.do_ping(connection.connection.dbapi_connection)
+        except self.engine.dialect.loaded_dbapi.Error as error:
+            connection.invalidate(error)
+            self._give_back(connection)
+            return False
+        return True
+
+
+# Selected by a statement run alone on PostgreSQL, these say how its transaction (the
+# statement) commits; local to it, so the connection's next statement commits as
+# configured. COMMIT_AS_CHOSEN, for the statements of execute_durably: waiting for the
+# disk as the server is configured to (commit_waits), or not at all.
+
+
+def execute_durably(statement: Executable, parameters: dict[str, Any]) -> Sequence[Any]:
+    """Run ``statement`` alone and prepared on PostgreSQL; return its rows once on disk.
+
+    It must select COMMIT_AS_CHOSEN, and be all-or-nothing by itself (execute_alone).
+    """
+    return current_app.extensions[DURABLE_STATEMENTS].execute(statement, parameters)
