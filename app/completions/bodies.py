@@ -8,6 +8,15 @@ from typing import Any
 
 from app.generations.lifecycle import Answer, Generation, StreamEnd, StreamItem
 from app.providers.base import Usage, fingerprint_of
+from app.sse import Framing, data_event
+
+# Chat Completions' events are data lines; an error after the first is one more, in the
+# envelope's shape, and every stream ends with [DONE].
+CHAT_FRAMING = Framing(
+    frame=data_event,
+    error=lambda error: data_event(error.to_envelope()),
+    end=b"data: [DONE]\n\n",
+)
 
 
 def usage_body(usage: Usage, cost: Decimal) -> dict[str, Any]:

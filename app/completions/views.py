@@ -6,9 +6,8 @@ from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
-from app.completions.bodies import chunk_bodies, completion_body
+from app.completions.bodies import CHAT_FRAMING, chunk_bodies, completion_body
 from app.completions.schemas import parse_chat_request
-from app.completions.sse import event_stream_response
 from app.encoding import dumps
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
 from app.generations.lifecycle import (
@@ -18,6 +17,7 @@ from app.generations.lifecycle import (
     stream_generation,
 )
 from app.request_body import json_body
+from app.sse import event_stream_response
 
 bp = Blueprint("completions", __name__)
 
@@ -38,6 +38,7 @@ def create_chat_completion() -> Response:
         generation_id=claimed_generation_id(),
     )
     if chat_request.stream:
-        return event_stream_response(chunk_bodies(generation, stream_generation(generation)))
+        chunks = chunk_bodies(generation, stream_generation(generation))
+        return event_stream_response(chunks, CHAT_FRAMING)
     answer = run_generation(generation)
     return Response(dumps(completion_body(generation, answer)), mimetype="application/json")

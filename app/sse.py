@@ -1,18 +1,19 @@
-"""The one Server-Sent Events writer: frames chunk bodies as ``data:`` events.
+"""The one Server-Sent Events writer: every door's events, framed as the door says.
 
 The events of one upstream read leave in one piece of the body, one socket send; an
 event never waits for a later read.
 
 Errors before the first event are raised to the view, which answers them with a status
-and the envelope; after it, the status is spent, so an error becomes one more event in
-the envelope shape, followed by ``[DONE]`` like any stream's end.
+and its door's envelope; after it, the status is spent, so an error becomes the events
+the door ends a broken stream with (its ``Framing``), and the stream closes as any does.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, Response, current_app
@@ -23,7 +24,6 @@ from app.observability.trace import current_trace
 
 log = logging.getLogger(__name__)
 
-DONE = b"data: [DONE]\n\n"
 STREAM_HEADERS = {
     "Cache-Control": "no-cache",
     # nginx buffers proxied responses unless told not to, which would hold every token.
@@ -31,19 +31,37 @@ STREAM_HEADERS = {
 }
 
 
-def frame(body: dict[str, Any]) -> bytes:
-    """Encode one event."""
+def data_event(body: dict[str, Any]) -> bytes:
+    """Encode one event as its data line alone."""
     return b"data: " + dumps_transient(body) + b"\n\n"
 
 
-def event_stream_response(chunks: Iterator[dict[str, Any] | None]) -> Response:
+def typed_event(body: dict[str, Any]) -> bytes:
+    """Encode one event named by its body's ``type``, as OpenAI's Responses and Anthropic's."""
+    return b"event: " + body["type"].encode() + b"\ndata: " + dumps_transient(body) + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a door writes its events: each body, the end of a stream broken by an error, the end.
+
+    ``error`` may keep state of its door's stream (sequence numbers, an id): it is given
+    the error and returns every event that ends the stream.
+    """
+
+    frame: Callable[[dict[str, Any]], bytes]
+    error: Callable[[APIError], bytes]
+    end: bytes = b""
+
+
+def event_stream_response(chunks: Iterator[dict[str, Any] | None], framing: Framing) -> Response:
     """Stream ``chunks`` as a response, with the headers that keep proxies from buffering.
 
     The first chunk is pulled here, so that failures before any byte raise to the view.
     """
     first = first_chunk(chunks)
     return Response(
-        write_events(chunks, first, current_app._get_current_object()),
+        write_events(chunks, framing, first, current_app._get_current_object()),
         mimetype="text/event-stream",
         headers=STREAM_HEADERS,
         # The events are bytes already: werkzeug's encoding of each would only add two
@@ -63,10 +81,11 @@ def first_chunk(chunks: Iterator[dict[str, Any] | None]) -> dict[str, Any] | Non
 
 def write_events(
     chunks: Iterator[dict[str, Any] | None],
+    framing: Framing,
     first: dict[str, Any] | None = None,
     app: Flask | None = None,
 ) -> Iterator[bytes]:
-    """Frame ``first``, then ``chunks``, as events; end with ``[DONE]``; close ``chunks``.
+    """Frame ``first``, then ``chunks``, as events; end as the framing says; close ``chunks``.
 
     The first event goes out at once: it starts the caller's answer. The others are
     joined into one item (one socket send) until a None among the chunks says that the
@@ -79,6 +98,7 @@ def write_events(
     request object, headers and body for as long as the stream lasts, thousands of
     times over; for the same reason nothing already sent stays referenced here.
     """
+    frame = framing.frame
     framed = [] if first is None else [frame(first)]
     del first
     started = False
@@ -97,12 +117,12 @@ def write_events(
                         framed.clear()
             except APIError as error:
                 current_trace().error_code = error.code
-                framed.append(frame(error.to_envelope()))
+                framed.append(framing.error(error))
             except Exception:
                 log.exception("stream failed after it started")
                 current_trace().error_code = "server_error"
-                framed.append(frame(APIError(code="server_error").to_envelope()))
-            framed.append(DONE)
+                framed.append(framing.error(APIError(code="server_error")))
+            framed.append(framing.end)
             yield b"".join(framed)
         finally:
             close = getattr(chunks, "close", None)
