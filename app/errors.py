@@ -1,11 +1,18 @@
-"""The one error envelope: domain errors and HTTP errors alike become ``{"error": {...}}``."""
+"""Errors callers get: domain errors and HTTP errors alike, in the envelope of their door.
+
+The envelope is OpenAI's, ``{"error": {"message", "type", "code", "param"}}``, unless the
+request came in by a door that registered its own for its paths (Anthropic's Messages
+API: ``{"type": "error", "error": {...}}``); errors raised before any view (an unknown
+path, a body too large, a rate limit) are rendered by the door whose path they hit.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response
+from flask import Flask, Response, current_app, has_request_context, request
 from werkzeug.exceptions import HTTPException
 
 from app.encoding import dumps
@@ -50,10 +57,30 @@ def envelope(message: str, type_: str, code: str | None, param: str | None) -> d
     return {"error": {"message": message, "type": type_, "code": code, "param": param}}
 
 
+# A door's rendering of an error: the status and the body it answers with.
+Envelope = Callable[[APIError], tuple[int, dict[str, Any]]]
+ENVELOPES = "gateway.error_envelopes"
+
+
+def register_envelope(app: Flask, path_prefix: str, render: Envelope) -> None:
+    """Render the errors of requests to paths under ``path_prefix`` with ``render``."""
+    app.extensions.setdefault(ENVELOPES, []).append((path_prefix, render))
+
+
+def rendered(error: APIError) -> tuple[int, dict[str, Any]]:
+    """Return the status and body of ``error`` in the envelope of the request's door."""
+    if has_request_context():
+        for path_prefix, render in current_app.extensions.get(ENVELOPES, ()):
+            if request.path.startswith(path_prefix):
+                return render(error)
+    return error.status, error.to_envelope()
+
+
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> Response:
-    """Build a JSON response carrying ``error``'s envelope and status."""
+    """Build a JSON response carrying ``error``'s envelope and status, as its door says."""
     current_trace().error_code = error.code
-    response = Response(dumps(error.to_envelope()), error.status, mimetype="application/json")
+    status, body = rendered(error)
+    response = Response(dumps(body), status, mimetype="application/json")
     if headers:
         response.headers.update(headers)
     return response
