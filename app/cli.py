@@ -244,7 +244,9 @@ def list_keys_command(email: str) -> None:
 @catalog_cli.command("list")
 def list_catalog_command() -> None:
     """List the served models, with prices (USD per million tokens) and routes."""
-    click.echo("id\tprompt\tcompletion\tcached_read\timage\tcontext\tcapabilities\troutes")
+    click.echo(
+        "id\tprompt\tcompletion\tcached_read\timage\tcache_write\tcontext\tcapabilities\troutes"
+    )
     for model in current_catalog().list():
         p = model.pricing
         routes = ",".join(
@@ -252,7 +254,7 @@ def list_catalog_command() -> None:
             for r in model.routes
         )
         click.echo(
-            f"{model.id}\t{p.prompt}\t{p.completion}\t{p.cached_read}\t{p.image}\t"
+            f"{model.id}\t{p.prompt}\t{p.completion}\t{p.cached_read}\t{p.image}\t{p.cache_write}\t"
             f"{model.context_length}\t{','.join(sorted(model.capabilities)) or '-'}\t{routes}"
         )
 

@@ -90,7 +90,7 @@ def test_idempotency_key_reused_for_another_amount_is_refused(runner):
 
 def test_catalog_list(runner):
     output = runner.invoke(args=["catalog", "list"]).output
-    assert "dev-chat\t0.50\t1.50\t0.05\t0.25\t32768\t" in output
+    assert "dev-chat\t0.50\t1.50\t0.05\t0.25\t0.50\t32768\t" in output
     assert "dev-hidden" not in output
 
 

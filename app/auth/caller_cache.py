@@ -34,8 +34,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from datetime import datetime
 from typing import Any, Protocol
 
 from flask import Flask
@@ -91,7 +89,6 @@ class Remembered(Protocol):
 
     key_id: int
     key_digest: str | None
-    last_used_at: datetime | None
 
 
 class KeyChanges(Protocol):
@@ -143,16 +140,6 @@ class CallerCache:
         """Forget every caller, and tell the other processes: this one changed a key."""
         self.forget_all()
         self._changes.announce()
-
-    def note_use(self, caller: Remembered, used_at: datetime) -> None:
-        """Remember that ``caller``'s key was recorded as used at ``used_at``.
-
-        The key's last use is written at most once a minute, judged by the caller's
-        ``last_used_at``: a remembered caller must carry the latest one.
-        """
-        entry = self._entries.get(caller.key_digest or "")
-        if entry is not None and entry[1].key_id == caller.key_id:
-            self._entries[caller.key_digest] = (entry[0], replace(entry[1], last_used_at=used_at))
 
     def _read_changes(self) -> int | None:
         """Hear of the changes made since; None while they cannot be heard (remember nothing)."""

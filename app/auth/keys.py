@@ -12,15 +12,14 @@ import hashlib
 import secrets
 import zlib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from decimal import Decimal
 
 from flask import current_app
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, select
 
 from app.auth.caller_cache import CALLER_CACHE
 from app.auth.models import DELETED, ApiKey
-from app.database import PREPARED_STATEMENTS_LOST, BoundStatement, execute_alone, utcnow
+from app.database import PREPARED_STATEMENTS_LOST, execute_alone
 
 KEY_PREFIX = "sk-gw-"
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -29,19 +28,14 @@ CHECKSUM_LENGTH = 6  # 62**6 > 2**32
 KEY_LENGTH = len(KEY_PREFIX) + BODY_LENGTH + CHECKSUM_LENGTH
 DISPLAY_LENGTH = len(KEY_PREFIX) + 6
 _ALPHABET_SET = frozenset(ALPHABET)
-LAST_USED_RESOLUTION = timedelta(minutes=1)
 _keys = ApiKey.__table__
 _FIND_CALLER = select(
     _keys.c.id,
     _keys.c.account_id,
     _keys.c.state,
-    _keys.c.last_used_at,
     _keys.c.permitted_models,
     _keys.c.monthly_limit,
 ).where(_keys.c.digest == bindparam("digest"))
-_TOUCH_KEY = (
-    update(_keys).where(_keys.c.id == bindparam("key_id")).values(last_used_at=bindparam("now"))
-)
 
 
 @dataclass(frozen=True)
@@ -51,7 +45,6 @@ class Caller:
     key_id: int
     account_id: int
     state: str
-    last_used_at: datetime | None = None
     permitted_models: frozenset[str] | None = None
     monthly_limit: Decimal | None = None
     # The digest of the key as presented: a hold applies only while the key still has it.
@@ -121,7 +114,6 @@ def _look_up_caller(digest: str) -> Caller | None:
         key_id=row.id,
         account_id=row.account_id,
         state=row.state,
-        last_used_at=row.last_used_at,
         permitted_models=None if row.permitted_models is None else frozenset(row.permitted_models),
         monthly_limit=row.monthly_limit,
         key_digest=digest,
@@ -137,18 +129,3 @@ def forget_remembered_callers() -> None:
     cache = current_app.extensions.get(CALLER_CACHE)
     if cache is not None:
         cache.key_changed()
-
-
-def key_use_records(caller: Caller, now: datetime | None = None) -> list[BoundStatement]:
-    """Return the UPDATE recording the key's use, if its last use is older than a minute.
-
-    It runs in the settle transaction; at most one write a minute per key keeps a busy
-    key's row from becoming a point of contention. A caller this process remembers is
-    told of the use, so that its next requests do not write it again.
-    """
-    now = now or utcnow()
-    if caller.last_used_at is not None and now - caller.last_used_at < LAST_USED_RESOLUTION:
-        return []
-    if (cache := current_app.extensions.get(CALLER_CACHE)) is not None:
-        cache.note_use(caller, now)
-    return [(_TOUCH_KEY, {"key_id": caller.key_id, "now": now})]

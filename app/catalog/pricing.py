@@ -18,12 +18,18 @@ PER_MILLION = Decimal(1_000_000)
 
 @dataclass(frozen=True)
 class Pricing:
-    """USD per million tokens of each kind."""
+    """USD per million tokens of each kind; prompt-cache writes cost as prompt unless priced."""
 
     prompt: Decimal
     completion: Decimal
     cached_read: Decimal
     image: Decimal
+    cache_write: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        """Price cache writes as the prompt when the catalog gives them no price."""
+        if self.cache_write is None:
+            object.__setattr__(self, "cache_write", self.prompt)
 
     def to_dict(self) -> dict[str, Decimal]:
         """Render for GET /v1/models and the CLI."""
@@ -32,20 +38,27 @@ class Pricing:
             "completion": self.completion,
             "cached_read": self.cached_read,
             "image": self.image,
+            "cache_write": self.cache_write,
         }
 
 
 def cost_of(usage: Usage, pricing: Pricing) -> Decimal:
     """Return the USD cost of ``usage``.
 
-    Cached and image tokens are part of ``prompt_tokens`` and priced at their own rates;
-    the rest of the prompt at the prompt rate. Every completion token, reasoning and
+    Cached, cache-write and image tokens are part of ``prompt_tokens`` and priced at their
+    own rates; the rest of the prompt at the prompt rate. Every completion token, reasoning and
     image tokens included, is priced at the completion rate.
     """
-    plain_prompt = usage.prompt_tokens - usage.cached_tokens - usage.prompt_image_tokens
+    plain_prompt = (
+        usage.prompt_tokens
+        - usage.cached_tokens
+        - usage.cache_write_tokens
+        - usage.prompt_image_tokens
+    )
     micro_usd = (
         max(plain_prompt, 0) * pricing.prompt
         + usage.cached_tokens * pricing.cached_read
+        + usage.cache_write_tokens * pricing.cache_write
         + usage.prompt_image_tokens * pricing.image
         + usage.completion_tokens * pricing.completion
     )
@@ -54,7 +67,7 @@ def cost_of(usage: Usage, pricing: Pricing) -> Decimal:
 
 def worst_case_cost(*, prompt_tokens: int, completion_tokens: int, pricing: Pricing) -> Decimal:
     """Return the most a request can cost: every prompt token at the highest prompt-side rate."""
-    prompt_rate = max(pricing.prompt, pricing.cached_read, pricing.image)
+    prompt_rate = max(pricing.prompt, pricing.cached_read, pricing.image, pricing.cache_write)
     micro_usd = prompt_tokens * prompt_rate + completion_tokens * pricing.completion
     return to_money(micro_usd / PER_MILLION)
 

@@ -220,7 +220,7 @@ def _build_pricing(pricing: Any, where: str) -> Pricing:
         if required not in pricing:
             raise CatalogError(f"{where}: pricing.{required} is required")
     prices = {}
-    for kind in ("prompt", "completion", "cached_read", "image"):
+    for kind in ("prompt", "completion", "cached_read", "image", "cache_write"):
         raw = pricing.get(kind, pricing["prompt"])
         if isinstance(raw, bool) or not isinstance(raw, int | Decimal) or raw < 0:
             raise CatalogError(f"{where}: pricing.{kind} must be a non-negative number")

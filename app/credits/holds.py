@@ -7,10 +7,8 @@ from decimal import Decimal
 
 from sqlalchemy import func, select
 
-from app.credits.models import Hold
+from app.credits.models import OPEN, Hold
 from app.extensions import db
-
-OPEN = "open"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,11 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.database import Money, UTCDateTime, utcnow
 from app.extensions import db
 
+# A ledger entry's kind; a hold's state: open while its request runs, then settled by its
+# charge, or expired when its worker died and nothing was charged.
+GRANT, CHARGE = "grant", "charge"
+OPEN, SETTLED, EXPIRED = "open", "settled", "expired"
+
 
 class Account(db.Model):
     """Who pays: a balance, and the part of it held by requests in flight.
@@ -88,7 +93,7 @@ class Hold(db.Model):
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
     amount = mapped_column(Money, nullable=False)
     api_key_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="open")
+    status: Mapped[str] = mapped_column(String(16), default=OPEN)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     expires_at = mapped_column(UTCDateTime, nullable=False)
     # A stream's record of what it delivered so far, kept by its worker: what the hold is

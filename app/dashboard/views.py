@@ -69,7 +69,7 @@ bp = Blueprint(
 bp.add_app_template_filter(format_usd, "usd")
 CHART_DAYS = 30
 CSV_COLUMNS = (
-    "time", "id", "model", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
+    "time", "id", "model", "api", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
     "reasoning_tokens", "cost_usd", "latency_ms", "status", "streamed", "estimated",
 )  # fmt: skip
 
@@ -386,8 +386,9 @@ def _csv_text(value: str) -> str:
 def _csv_row(generation: Generation, key_name: str | None) -> list[object]:
     return [
         generation.created_at.isoformat(), generation.id, _csv_text(generation.model),
-        _csv_text(key_name or ""), generation.prompt_tokens, generation.cached_tokens,
-        generation.completion_tokens, generation.reasoning_tokens, f"{generation.cost:f}",
+        generation.api, _csv_text(key_name or ""), generation.prompt_tokens,
+        generation.cached_tokens, generation.completion_tokens, generation.reasoning_tokens,
+        f"{generation.cost:f}",
         generation.latency_ms, generation.status, str(generation.streamed).lower(),
         str(generation.estimated).lower(),
     ]  # fmt: skip

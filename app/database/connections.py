@@ -104,7 +104,9 @@ def runs_alone() -> bool:
 Written = TypeVar("Written")
 
 
-def write_transaction(work: Callable[[Connection], Written]) -> Written:
+def write_transaction(
+    work: Callable[[Connection], Written], *, alone: Callable[[], Written | None] | None = None
+) -> Written:
     """Run ``work`` on a connection in a transaction of its own; return what it returns.
 
     The transaction is committed when ``work`` returns, and rolled back if it raises,
@@ -112,7 +114,14 @@ def write_transaction(work: Callable[[Connection], Written]) -> Written:
     (SQLiteWriter), which may commit together with others: ``work`` must then only run
     statements on the connection it is given, never wait on anything else, and leave the
     connection's transaction to its caller (raise to undo what it did).
+
+    ``alone`` is the same write as one all-or-nothing statement (run by execute_alone
+    or execute_durably): where statements run alone (PostgreSQL), it runs instead of
+    ``work``, one round trip whose rows are locked only while it runs. It may decline,
+    for a case only ``work`` handles, by returning None: ``work`` then runs.
     """
+    if alone is not None and runs_alone() and (done := alone()) is not None:
+        return done
     writer = current_app.extensions.get(SQLITE_WRITER)
     if writer is not None:
         return writer.run(work)

@@ -9,8 +9,7 @@ from decimal import Decimal
 from sqlalchemy import func, select
 
 from app.catalog.pricing import Pricing, cost_of
-from app.credits.ledger import CHARGE, OPEN
-from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.extensions import db
 from app.generations.models import INTERRUPTED, Generation
 from app.providers.base import Usage
@@ -143,12 +142,14 @@ def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[M
             completion_tokens=generation.completion_tokens,
             cached_tokens=generation.cached_tokens,
             prompt_image_tokens=generation.prompt_image_tokens,
+            cache_write_tokens=generation.cache_write_tokens,
         ),
         Pricing(
             prompt=generation.price_prompt,
             completion=generation.price_completion,
             cached_read=generation.price_cached_read,
             image=generation.price_image,
+            cache_write=generation.price_cache_write,
         ),
     )
     if generation.shortfall and generation.cost + generation.shortfall == priced:

@@ -29,8 +29,7 @@ from sqlalchemy import Executable, delete, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app.credits.ledger import OPEN
-from app.credits.models import Hold
+from app.credits.models import OPEN, Hold
 from app.database import utcnow, write_transaction
 from app.errors import APIError
 from app.extensions import db

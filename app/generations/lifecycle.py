@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from app.auth.keys import Caller, key_use_records
+from app.auth.keys import Caller
 from app.catalog.pricing import Pricing, affordable_completion_tokens, cost_of, worst_case_cost
 from app.catalog.registry import Model
 from app.credits.errors import InsufficientCredits
@@ -32,7 +32,7 @@ from app.database import BoundStatement, utcnow
 from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.generations.live import live_holds
 from app.generations.metering import StreamMeter
-from app.generations.models import CANCELLED, COMPLETED, FAILED, INTERRUPTED
+from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
 from app.observability.trace import RequestTrace, current_trace
 from app.providers.base import ChatRequest, Chunk, Completion, Usage
@@ -66,6 +66,8 @@ class Generation:
     trace: RequestTrace = field(default_factory=current_trace)
     # While it streams: what it delivered, which the worker records as its progress.
     meter: StreamMeter | None = None
+    # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES).
+    api: str = CHAT
 
 
 def start_generation(
@@ -75,6 +77,7 @@ def start_generation(
     request: ChatRequest,
     hold_ttl_seconds: int,
     generation_id: str | None = None,
+    api: str = CHAT,
 ) -> Generation:
     """Fit the request to the model and hold its worst-case cost, under the generation's id.
 
@@ -111,6 +114,7 @@ def start_generation(
         hold=held,
         prompt_tokens=prompt_tokens,
         prompt_tokens_exact=exact,
+        api=api,
     )
     live_holds.track(held.id, generation)
     return generation
@@ -338,31 +342,14 @@ def finish_generation(
         generation.hold,
         cost=cost,
         generation_id=generation.id,
-        records=lambda charge: (
-            generation_record(
-                generation, usage, charge, status, finish_reason, shortfall=cost - charge
-            ),
-            *key_use_records(generation.caller),
-        ),
-        # A key row removed outright while the request ran cannot be named by the record;
-        # the charge is kept, recorded without its key.
-        fallback_records=lambda charge: (
-            generation_record(
-                generation,
-                usage,
-                charge,
-                status,
-                finish_reason,
-                shortfall=cost - charge,
-                with_key=False,
-            ),
-        ),
+        record=generation_record(generation, usage, status, finish_reason),
     )
     generation.settled = True
     live_holds.forget(generation.hold.id)
     generation.trace.note_generation(
         generation_id=generation.id,
         model=generation.model.id,
+        api=generation.api,
         usage=usage,
         cost=charged,
         status=status,
@@ -371,33 +358,27 @@ def finish_generation(
 
 
 def generation_record(
-    generation: Generation,
-    usage: Usage,
-    cost: Decimal,
-    status: str,
-    finish_reason: str | None,
-    *,
-    shortfall: Decimal = Decimal(0),
-    with_key: bool = True,
+    generation: Generation, usage: Usage, status: str, finish_reason: str | None
 ) -> BoundStatement:
-    """Return the INSERT of the generation's record: ``cost`` charged, ``shortfall`` unpaid."""
+    """Return the INSERT of the generation's record; the ledger fills in its cost."""
     pricing = generation.model.pricing
     return _INSERT_GENERATION, {
         "id": generation.id,
         "account_id": generation.caller.account_id,
-        "api_key_id": generation.caller.key_id if with_key else None,
+        "api_key_id": generation.caller.key_id,
         "model": generation.model.id,
+        "api": generation.api,
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "cached_tokens": usage.cached_tokens,
         "prompt_image_tokens": usage.prompt_image_tokens,
         "reasoning_tokens": usage.reasoning_tokens,
-        "cost": cost,
-        "shortfall": shortfall,
+        "cache_write_tokens": usage.cache_write_tokens,
         "price_prompt": pricing.prompt,
         "price_completion": pricing.completion,
         "price_cached_read": pricing.cached_read,
         "price_image": pricing.image,
+        "price_cache_write": pricing.cache_write,
         "status": status,
         "finish_reason": finish_reason,
         "streamed": generation.request.stream,
@@ -411,7 +392,13 @@ def generation_record(
 
 
 # The record's fields a stream's progress keeps as text: JSON has no Decimal or datetime.
-_PRICES = ("price_prompt", "price_completion", "price_cached_read", "price_image")
+_PRICES = (
+    "price_prompt",
+    "price_completion",
+    "price_cached_read",
+    "price_image",
+    "price_cache_write",
+)
 
 
 def progress_of(generation: Generation) -> dict[str, Any] | None:
@@ -425,8 +412,8 @@ def progress_of(generation: Generation) -> dict[str, Any] | None:
     if meter is None or generation.settled or not meter.delivered_since_counted:
         return None
     usage = meter.usage_so_far()
-    _, record = generation_record(generation, usage, Decimal(0), INTERRUPTED, None)
-    for name in ("id", "account_id", "api_key_id", "cost", "shortfall"):
+    _, record = generation_record(generation, usage, INTERRUPTED, None)
+    for name in ("id", "account_id", "api_key_id"):
         del record[name]
     for name in _PRICES:
         record[name] = str(record[name])
@@ -447,22 +434,14 @@ def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
         completion_tokens=record["completion_tokens"],
         cached_tokens=record["cached_tokens"],
         prompt_image_tokens=record["prompt_image_tokens"],
+        cache_write_tokens=record["cache_write_tokens"],
     )
     pricing = Pricing(*(record[name] for name in _PRICES))
-    cost = cost_of(usage, pricing)
-
-    def records(charge: Decimal, *, with_key: bool = True) -> list[BoundStatement]:
-        row = {**record, "cost": charge, "shortfall": cost - charge}
-        if not with_key:
-            row["api_key_id"] = None
-        return [(_INSERT_GENERATION, row)]
-
     return settle_hold(
         hold,
-        cost=cost,
+        cost=cost_of(usage, pricing),
         generation_id=hold.id,
-        records=records,
-        fallback_records=lambda charge: records(charge, with_key=False),
+        record=(_INSERT_GENERATION, record),
     )
 
 

@@ -11,6 +11,8 @@ from app.extensions import db
 # How a generation ended: answered; failed before producing anything; its caller went
 # away; its worker stopped while it streamed, billed from its last recorded progress.
 COMPLETED, FAILED, CANCELLED, INTERRUPTED = "completed", "failed", "cancelled", "interrupted"
+# The front doors a generation can come in by: Chat Completions, Responses, Messages.
+CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
 
 
 class Generation(db.Model):
@@ -31,11 +33,15 @@ class Generation(db.Model):
         ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
     )
     model: Mapped[str] = mapped_column(String(200))
+    # The wire protocol the request came in by: chat, responses or messages.
+    api: Mapped[str] = mapped_column(String(16), default=CHAT, server_default=CHAT)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
     prompt_image_tokens: Mapped[int] = mapped_column(Integer, default=0)
     reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # Prompt tokens written to the upstream's prompt cache (part of prompt_tokens).
+    cache_write_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cost = mapped_column(Money, nullable=False, default=0)
     # What the usage priced at beyond what could be charged (the balance or the key's
     # monthly limit ran out); cost + shortfall is always the usage's price.
@@ -46,6 +52,7 @@ class Generation(db.Model):
     price_completion = mapped_column(Money, nullable=False, default=0)
     price_cached_read = mapped_column(Money, nullable=False, default=0)
     price_image = mapped_column(Money, nullable=False, default=0)
+    price_cache_write = mapped_column(Money, nullable=False, default=0, server_default="0")
     status: Mapped[str] = mapped_column(String(16))
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     streamed: Mapped[bool] = mapped_column(default=False)

@@ -96,6 +96,7 @@ def access_fields(trace: RequestTrace) -> dict[str, Any]:
         "account_id": trace.account_id,
         "key_id": trace.key_id,
         "model": trace.model,
+        "api": trace.api,
         "upstream": trace.upstream,
         "generation_id": trace.generation_id,
         "prompt_tokens": getattr(usage, "prompt_tokens", None),

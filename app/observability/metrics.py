@@ -82,8 +82,8 @@ requests_total = Counter(
 )
 cost_total = Counter(
     "gateway_cost_usd",
-    "USD charged to callers' balances, by model.",
-    ["model"],
+    "USD charged to callers' balances, by model and the API the requests came in by.",
+    ["model", "api"],
     registry=registry,
 )
 upstream_attempts = Counter(
@@ -136,7 +136,7 @@ def observe_request(trace: RequestTrace) -> None:
     if trace.first_token_seconds is not None:
         labelled(time_to_first_token, OPERATION, model).observe(trace.first_token_seconds)
     if trace.cost:
-        labelled(cost_total, model).inc(float(trace.cost))
+        labelled(cost_total, model, trace.api or "").inc(float(trace.cost))
     observe_tokens(model, trace.usage)
 
 

@@ -63,6 +63,8 @@ class RequestTrace:
     account_id: int | None = None
     key_id: int | None = None
     model: str | None = None
+    # The wire protocol the request came in by: chat, responses or messages.
+    api: str | None = None
     generation_id: str | None = None
     usage: Any = None
     cost: Decimal | None = None
@@ -109,10 +111,10 @@ class RequestTrace:
             self.first_token_seconds = self.elapsed()
 
     def note_generation(
-        self, *, generation_id: str, model: str, usage: Any, cost: Decimal, status: str
+        self, *, generation_id: str, model: str, api: str, usage: Any, cost: Decimal, status: str
     ) -> None:
         """Record the settled generation this request produced."""
-        self.generation_id, self.model, self.usage = generation_id, model, usage
+        self.generation_id, self.model, self.api, self.usage = generation_id, model, api, usage
         self.cost, self.generation_status = cost, status
 
     def attempts_as_dicts(self) -> list[dict[str, Any]]:

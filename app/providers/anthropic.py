@@ -253,13 +253,13 @@ def sampling_options(body: dict[str, Any], params: dict[str, Any], budget: int |
 def usage_from(raw: dict[str, Any], reasoning_tokens: int = 0) -> Usage:
     """Read Anthropic usage: the prompt is input plus cache reads and cache writes."""
     cache_read = as_count(raw.get("cache_read_input_tokens"))
+    cache_write = as_count(raw.get("cache_creation_input_tokens"))
     output = as_count(raw.get("output_tokens"))
     return Usage(
-        prompt_tokens=as_count(raw.get("input_tokens"))
-        + cache_read
-        + as_count(raw.get("cache_creation_input_tokens")),
+        prompt_tokens=as_count(raw.get("input_tokens")) + cache_read + cache_write,
         completion_tokens=output,
         cached_tokens=cache_read,
+        cache_write_tokens=cache_write,
         reasoning_tokens=min(reasoning_tokens, output),
     )
 

@@ -50,7 +50,8 @@ class ChatRequest:
 class Usage:
     """Token counts of one generation, summed over its choices.
 
-    ``prompt_tokens`` includes ``cached_tokens`` and ``prompt_image_tokens``;
+    ``prompt_tokens`` includes ``cached_tokens`` (read from a prompt cache),
+    ``cache_write_tokens`` (written to one, as Anthropic reports) and ``prompt_image_tokens``;
     ``completion_tokens`` includes ``reasoning_tokens`` and ``completion_image_tokens``.
     ``estimated`` is true when the gateway counted the tokens itself.
     """
@@ -61,6 +62,7 @@ class Usage:
     prompt_image_tokens: int = 0
     reasoning_tokens: int = 0
     completion_image_tokens: int = 0
+    cache_write_tokens: int = 0
     estimated: bool = False
 
     @property

@@ -10,7 +10,7 @@ import pytest
 import requests
 from sqlalchemy import delete, select
 
-from app.auth import keys
+from app.accounts import keys
 from app.auth.models import ApiKey
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db

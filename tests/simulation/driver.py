@@ -25,7 +25,7 @@ from app.auth.models import ACTIVE, ApiKey
 from app.catalog.pricing import Pricing, cost_of, worst_case_cost
 from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
-from app.credits import ledger
+from app.credits import ledger, statements
 from app.credits.accounts import create_account
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
@@ -81,7 +81,7 @@ class SimulatedClock:
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
     """Make the ledger, the generation lifecycle, the keys and their claims read ``clock``."""
-    for module in (ledger, generations, keys, idempotency):
+    for module in (ledger, generations, key_admin, idempotency):
         monkeypatch.setattr(module, "utcnow", clock.now)
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
@@ -558,7 +558,7 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
 
 def plant_hold_without_balance_condition(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a hold is placed whatever the balance."""
-    monkeypatch.setattr(ledger, "_ACCOUNT_COVERS", true())
+    monkeypatch.setattr(statements, "ACCOUNT_COVERS", true())
 
 
 def plant_settlement_that_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -595,7 +595,7 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a key's hold is placed whatever its monthly limit."""
-    monkeypatch.setattr(ledger, "_KEY_WITHIN_LIMIT", true())
+    monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
 
 
 def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,16 +34,10 @@ def record_generation(account_id: int, key_id: int, cost: str, created_at) -> No
         # 1,000 completion tokens priced so that they cost exactly ``cost``.
         "completion_tokens": 1000,
         "price_completion": amount * 1000,
-        "cost": amount,
         "status": "completed",
         "created_at": created_at,
     }
-    settle_hold(
-        held,
-        cost=amount,
-        generation_id=generation_id,
-        records=lambda charge: [(insert(Generation), record)],
-    )
+    settle_hold(held, cost=amount, generation_id=generation_id, record=(insert(Generation), record))
 
 
 def test_a_new_key_is_unlimited_by_default(app_context):

@@ -9,7 +9,6 @@ tests/contract/test_remembered_callers.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import pytest
 
@@ -55,7 +54,6 @@ class Listener:
 class Caller:
     key_id: int
     key_digest: str | None
-    last_used_at: datetime | None = None
 
 
 class Clock:
@@ -190,16 +188,6 @@ def test_a_failure_to_listen_looks_every_key_up_until_the_next_try(world):
     cache.find("d1", look_up)
 
     assert lookups == ["d1", "d1", "d1"] and len(attempts) == 2
-
-
-def test_a_recorded_use_updates_the_remembered_caller(world):
-    cache, _, lookups, look_up, _ = world
-    caller = cache.find("d1", look_up)
-    used_at = datetime(2026, 11, 23, tzinfo=UTC)
-
-    cache.note_use(caller, used_at)
-
-    assert cache.find("d1", look_up).last_used_at == used_at and lookups == ["d1"]
 
 
 def test_a_forked_process_starts_with_its_own_listener_and_no_callers(world, monkeypatch):

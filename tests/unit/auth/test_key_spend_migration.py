@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 from flask_migrate import upgrade
-from sqlalchemy import insert, update
+from sqlalchemy import column, insert, table, update
 
 from app import create_app
 from app.accounts.keys import create_key
@@ -32,10 +32,25 @@ def empty_database_url(database_url: str, tmp_path) -> Iterator[str]:
     yield from _fresh_postgres_database(os.environ["TEST_DATABASE_URL"])
 
 
+# The generations table as revision 0007 has it: the model has columns added since.
+GENERATIONS_AT_0007 = table(
+    "generations",
+    *(
+        column(name, Generation.__table__.c[name].type)
+        for name in (
+            "id", "account_id", "api_key_id", "model", "completion_tokens", "price_completion",
+            "cost", "status", "created_at", "prompt_tokens", "cached_tokens",
+            "prompt_image_tokens", "reasoning_tokens", "price_prompt", "price_cached_read",
+            "price_image", "streamed", "estimated", "latency_ms",
+        )
+    ),
+)  # fmt: skip
+
+
 def charge(account_id: int, key_id: int, cost: str, created_at) -> None:
     """Record a generation of the key that was charged ``cost``."""
     db.session.execute(
-        insert(Generation),
+        insert(GENERATIONS_AT_0007),
         {
             "id": f"gen-{uuid.uuid4().hex}",
             "account_id": account_id,
@@ -46,6 +61,11 @@ def charge(account_id: int, key_id: int, cost: str, created_at) -> None:
             "cost": Decimal(cost),
             "status": "completed",
             "created_at": created_at,
+            **dict.fromkeys(("prompt_tokens", "cached_tokens", "prompt_image_tokens"), 0),
+            **dict.fromkeys(("reasoning_tokens", "latency_ms"), 0),
+            **dict.fromkeys(("price_prompt", "price_cached_read", "price_image"), Decimal(0)),
+            "streamed": False,
+            "estimated": False,
         },
     )
 

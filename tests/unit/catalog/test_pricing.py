@@ -63,3 +63,20 @@ def test_affordable_completion_tokens_fit_the_budget():
 
 def test_nothing_is_affordable_when_the_prompt_exceeds_the_budget():
     assert affordable_completion_tokens(budget=Decimal("0"), prompt_tokens=10, pricing=TINY) == 0
+
+
+def test_prompt_cache_writes_are_priced_at_their_own_rate():
+    pricing = Pricing(
+        Decimal("3"), Decimal("15"), Decimal("0.30"), Decimal("3"), cache_write=Decimal("3.75")
+    )
+    usage = Usage(prompt_tokens=1000, cached_tokens=200, cache_write_tokens=300)
+    # 500 plain at 3, 200 read at 0.30, 300 written at 3.75, per million.
+    assert cost_of(usage, pricing) == Decimal("0.0015") + Decimal("0.00006") + Decimal("0.001125")
+
+
+def test_cache_writes_cost_as_the_prompt_unless_priced():
+    pricing = Pricing(Decimal("3"), Decimal("15"), Decimal("0.30"), Decimal("3"))
+    assert pricing.cache_write == Decimal("3")
+    assert worst_case_cost(prompt_tokens=10, completion_tokens=0, pricing=pricing) == Decimal(
+        "0.00003"
+    )

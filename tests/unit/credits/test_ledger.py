@@ -8,6 +8,8 @@ import pytest
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
+from app.accounts.keys import create_key
+from app.auth.models import ApiKey
 from app.credits import ledger
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
@@ -124,7 +126,7 @@ def test_an_open_hold_can_be_extended(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
     held = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
     before = db.session.get(Hold, held.id).expires_at
-    ledger.extend_hold(held, ttl_seconds=600)
+    ledger.extend_holds([held.id], ttl_seconds=600)
     db.session.expire_all()
     assert (db.session.get(Hold, held.id).expires_at - before).total_seconds() > 500
 
@@ -177,3 +179,19 @@ def test_a_hold_commits_without_waiting_for_the_disk_and_only_itself(app_context
             assert connection.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
         assert connection.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
     assert state(account.id) == (Decimal("1"), Decimal("0.5"), Decimal("1"))
+
+
+def test_every_settlement_records_its_keys_use(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    key_id = create_key(account_id=account.id, name="used").id
+    used = []
+    for number in range(2):
+        held = ledger.place_hold(
+            account_id=account.id, amount=Decimal("0.1"), ttl_seconds=60, key_id=key_id
+        )
+        ledger.settle_hold(held, cost=Decimal("0.01"), generation_id=f"g-use-{key_id}-{number}")
+        db.session.expire_all()
+        used.append(db.session.get(ApiKey, key_id).last_used_at)
+        db.session.commit()
+
+    assert used[0] is not None and used[1] > used[0]

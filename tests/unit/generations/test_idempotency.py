@@ -144,7 +144,7 @@ def test_a_request_that_died_without_charging_is_run_by_its_retry(app, client, f
             assert ledger.release_expired_holds(account_id=funded_key.account_id) == 1
         if hold == "failed at no cost":
             record = generation_row(generation_id, funded_key.account_id)
-            ledger.settle_hold(held, cost=Decimal(0), generation_id=generation_id, records=record)
+            ledger.settle_hold(held, cost=Decimal(0), generation_id=generation_id, record=record)
 
     retry = post(client, funded_key.key, "dead")
 
@@ -162,15 +162,13 @@ def generation_row(generation_id: str, account_id: int):
         "account_id": account_id,
         "model": "dev-chat-mini",
         "status": FAILED,
-        "cost": Decimal(0),
-        "shortfall": Decimal(0),
         "price_prompt": Decimal(0),
         "price_completion": Decimal(0),
         "price_cached_read": Decimal(0),
         "price_image": Decimal(0),
         "created_at": utcnow(),
     }
-    return lambda charge: [(statement, row)]
+    return statement, row
 
 
 def test_the_generation_answered_under_a_key_is_the_one_its_claim_names(app, client, funded_key):
