@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import g, request
@@ -23,14 +23,23 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip() or None
 
 
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """Return the API key a request presents: ``Authorization: Bearer`` or ``x-api-key``.
+
+    Anthropic's SDKs send their key as ``x-api-key`` (an auth token as a bearer); the
+    OpenAI SDKs as a bearer. A bearer wins when both come.
+    """
+    return bearer_token(headers.get("Authorization")) or headers.get("x-api-key") or None
+
+
 def request_caller() -> Caller | None:
-    """Return the caller of the request's bearer key, or None; looked up once per request.
+    """Return the caller of the request's key, or None; looked up once per request.
 
     The rate limiter counts by the caller's key before the view runs, and the view's
     require_api_key then reuses the same lookup.
     """
     if "caller_lookup" not in g:
-        g.caller_lookup = find_caller(bearer_token(request.headers.get("Authorization")))
+        g.caller_lookup = find_caller(presented_key(request.headers))
     return g.caller_lookup
 
 

@@ -163,3 +163,20 @@ def test_http_errors_use_the_envelope(live_server, funded_key, method, path, kwa
 def test_probes_need_no_key(live_server):
     assert requests.get(f"{live_server.url}/healthz").json() == {"status": "ok"}
     assert requests.get(f"{live_server.url}/readyz").json() == {"status": "ready"}
+
+
+def test_a_key_sent_as_x_api_key_is_accepted_as_anthropics_sdks_send_it(live_server, funded_key):
+    answer = requests.post(
+        f"{live_server.url}/v1/chat/completions",
+        headers={"x-api-key": funded_key.key},
+        json={"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    refused = requests.post(
+        f"{live_server.url}/v1/chat/completions",
+        headers={"x-api-key": funded_key.key[:-1] + "x"},
+        json={"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    assert refused.status_code == 401
