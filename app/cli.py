@@ -270,14 +270,17 @@ def route_state(route: Route) -> str:
 
 
 @ledger_cli.command("audit")
-def audit_command() -> None:
+@click.option(
+    "--account", "account_ids", type=int, multiple=True, help="Check only this account (repeat)."
+)
+def audit_command(account_ids: tuple[int, ...]) -> None:
     """Check balance = sum of ledger and every charge against its prices; exit 1 on a mismatch.
 
     Generations charged less than their price (the balance or the key's limit ran out)
     are listed as shortfalls, and streams charged from their last recorded progress (their
     worker stopped) as estimated: the books still add up.
     """
-    report = audit_ledger()
+    report = audit_ledger(account_ids or None)
     for mismatch in report.mismatches:
         click.echo(f"mismatch: {mismatch}", err=True)
     for shortfall in report.shortfalls:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -52,10 +52,13 @@ class AuditReport:
     estimated: list[Mismatch] = field(default_factory=list)
 
 
-def audit_ledger() -> AuditReport:
-    """Check balance = sum of ledger, reserved = sum of open holds, and every charge."""
-    account_mismatches, accounts = _account_mismatches()
-    generation_problems, generations = _generation_mismatches()
+def audit_ledger(account_ids: Collection[int] | None = None) -> AuditReport:
+    """Check balance = sum of ledger, reserved = sum of open holds, and every charge.
+
+    With ``account_ids``, only those accounts and their generations are checked.
+    """
+    account_mismatches, accounts = _account_mismatches(account_ids)
+    generation_problems, generations = _generation_mismatches(account_ids)
     db.session.commit()
     listed: dict[type, list[Mismatch]] = {Mismatch: [], Shortfall: [], Estimated: []}
     for problem in generation_problems:
@@ -69,7 +72,7 @@ def audit_ledger() -> AuditReport:
     )
 
 
-def _account_mismatches() -> tuple[list[Mismatch], int]:
+def _account_mismatches(account_ids: Collection[int] | None) -> tuple[list[Mismatch], int]:
     ledger = (
         select(LedgerEntry.account_id, func.sum(LedgerEntry.amount).label("total"))
         .group_by(LedgerEntry.account_id)
@@ -81,11 +84,14 @@ def _account_mismatches() -> tuple[list[Mismatch], int]:
         .group_by(Hold.account_id)
         .subquery()
     )
-    rows = db.session.execute(
+    query = (
         select(Account.id, Account.balance, Account.reserved, ledger.c.total, holds.c.total)
         .outerjoin(ledger, ledger.c.account_id == Account.id)
         .outerjoin(holds, holds.c.account_id == Account.id)
-    ).all()
+    )
+    if account_ids is not None:
+        query = query.where(Account.id.in_(account_ids))
+    rows = db.session.execute(query).all()
     mismatches = []
     for account_id, balance, reserved, ledger_total, held_total in rows:
         mismatches.extend(
@@ -112,7 +118,7 @@ def _account_problems(
         yield Mismatch(subject, f"negative balance ${balance:f}")
 
 
-def _generation_mismatches() -> tuple[list[Mismatch], int]:
+def _generation_mismatches(account_ids: Collection[int] | None) -> tuple[list[Mismatch], int]:
     charges = (
         select(LedgerEntry.generation_id, LedgerEntry.amount)
         .where(LedgerEntry.kind == CHARGE)
@@ -121,6 +127,8 @@ def _generation_mismatches() -> tuple[list[Mismatch], int]:
     query = select(Generation, charges.c.amount).outerjoin(
         charges, charges.c.generation_id == Generation.id
     )
+    if account_ids is not None:
+        query = query.where(Generation.account_id.in_(account_ids))
     mismatches, count = [], 0
     for generation, charge in db.session.execute(query.execution_options(yield_per=1000)):
         count += 1

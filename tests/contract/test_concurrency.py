@@ -78,7 +78,7 @@ def assert_the_race_left_exact_books(app, runner, funded, results, *, sent: int)
     assert BALANCE - account.balance == sum(answered.values())
     assert set(generations) == set(answered) == set(charges)
     assert all(charges[gid] == -cost for gid, cost in answered.items())
-    audit = runner.invoke(args=["ledger", "audit"])
+    audit = runner.invoke(args=["ledger", "audit", "--account", str(funded.account_id)])
     assert audit.exit_code == 0, audit.output
 
 

@@ -131,7 +131,7 @@ def test_a_stream_cut_by_the_caller_is_settled_once_for_what_was_produced(
 
 def test_ledger_audit_passes_and_catches_tampering(app, runner, live_server, funded_key):
     post(live_server, funded_key.key, HELLO)
-    clean = runner.invoke(args=["ledger", "audit"])
+    clean = runner.invoke(args=["ledger", "audit", "--account", str(funded_key.account_id)])
     assert clean.exit_code == 0, clean.output
     assert " 0 mismatches" in clean.output
     with app.app_context():
@@ -139,7 +139,7 @@ def test_ledger_audit_passes_and_catches_tampering(app, runner, live_server, fun
         account.balance += Decimal("0.01")
         db.session.commit()
     try:
-        tampered = runner.invoke(args=["ledger", "audit"])
+        tampered = runner.invoke(args=["ledger", "audit", "--account", str(funded_key.account_id)])
         assert tampered.exit_code == 1
         assert f"account {funded_key.account_id}: balance" in tampered.output
     finally:
@@ -160,7 +160,7 @@ def test_ledger_audit_reprices_every_generation(app, runner, live_server, funded
         setattr(generation, field, original + 1)
         db.session.commit()
     try:
-        result = runner.invoke(args=["ledger", "audit"])
+        result = runner.invoke(args=["ledger", "audit", "--account", str(funded_key.account_id)])
         assert result.exit_code == 1
         assert f"generation {generation_id}" in result.output
     finally:

@@ -118,10 +118,17 @@ def test_images_on_a_text_model_are_400(sdk):
 
 
 def test_unknown_fields_are_ignored(sdk):
-    response = sdk.chat.completions.create(
-        model="dev-chat-mini", messages=HELLO, extra_body={"frobnicate": True, "metadata": {"a": 1}}
+    plain = sdk.chat.completions.create(model="dev-chat-mini", messages=HELLO, seed=7)
+    unknown = sdk.chat.completions.create(
+        model="dev-chat-mini",
+        messages=HELLO,
+        seed=7,
+        extra_body={"frobnicate": True, "metadata": {"a": 1}},
     )
-    assert response.choices[0].message.content
+    # The same answer, and the same tokens billed: the unknown fields went nowhere.
+    assert unknown.choices[0].message.content == plain.choices[0].message.content
+    assert unknown.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert unknown.usage.completion_tokens == plain.usage.completion_tokens
 
 
 @pytest.mark.parametrize(

@@ -148,5 +148,5 @@ def test_racing_requests_never_take_a_key_past_its_monthly_limit(
     assert spent <= LIMIT
     assert balance == Decimal("100") - spent and reserved == 0
     assert month_reserved == 0 and open_holds == []
-    audit = runner.invoke(args=["ledger", "audit"])
+    audit = runner.invoke(args=["ledger", "audit", "--account", str(account_id)])
     assert audit.exit_code == 0, audit.output

@@ -122,8 +122,8 @@ def test_counts_are_summed_over_the_workers(app, gateway, make_funded_key):
             ]
         ]
         assert grew == [7, 1, 1, 7, 1, 7]
-        cost = value(found, "gateway_cost_usd_total", model="dev-chat-mini") - value(
-            before, "gateway_cost_usd_total", model="dev-chat-mini"
+        cost = value(found, "gateway_cost_usd_total", model="dev-chat-mini", api="chat") - value(
+            before, "gateway_cost_usd_total", model="dev-chat-mini", api="chat"
         )
         assert cost == pytest.approx(float(charged), rel=1e-6)
 

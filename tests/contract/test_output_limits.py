@@ -135,7 +135,7 @@ def test_usage_beyond_the_hold_is_charged_in_full_when_the_balance_covers_it(
     generation = generation_of(app, answer["id"])
     assert generation.cost == OVERRUN_PRICE and generation.shortfall == 0
     assert balance_of(app, funded.account_id) == (Decimal("5") - OVERRUN_PRICE, 0)
-    audit = runner.invoke(args=["ledger", "audit"])
+    audit = runner.invoke(args=["ledger", "audit", "--account", str(funded.account_id)])
     assert audit.exit_code == 0 and f"generation {answer['id']}" not in audit.output
 
 
@@ -152,7 +152,7 @@ def test_usage_beyond_what_the_account_has_is_charged_to_zero_and_the_shortfall_
     assert generation.cost == Decimal("0.03")
     assert generation.shortfall == OVERRUN_PRICE - Decimal("0.03")
     assert balance_of(app, funded.account_id) == (0, 0)
-    audit = runner.invoke(args=["ledger", "audit"])
+    audit = runner.invoke(args=["ledger", "audit", "--account", str(funded.account_id)])
     assert audit.exit_code == 0, audit.output
     assert f"shortfall: generation {answer['id']}: priced at $0.1000012" in audit.output
     assert "mismatch:" not in audit.output

@@ -176,7 +176,7 @@ def test_a_request_running_when_its_key_changes_is_still_charged(
         timeout=30,
     )
     assert again.status_code == status_after
-    audit = runner.invoke(args=["ledger", "audit"])
+    audit = runner.invoke(args=["ledger", "audit", "--account", str(funded.account_id)])
     assert audit.exit_code == 0, audit.output
 
 

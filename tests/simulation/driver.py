@@ -538,9 +538,10 @@ class Audit:
 
 def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
     """Run ``flask ledger audit``'s checks; keep what concerns these accounts and generations."""
+    account_ids = list(account_ids)
     generation_subjects = {f"generation {g}": g for g in generation_ids}
     subjects = {f"account {i}" for i in account_ids} | set(generation_subjects)
-    report = audit_ledger()
+    report = audit_ledger(account_ids)
     return Audit(
         mismatches=[str(m) for m in report.mismatches if m.subject in subjects],
         shortfalls={

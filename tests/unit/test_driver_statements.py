@@ -73,7 +73,7 @@ def test_a_failed_write_on_the_driver_raises_as_sqlalchemy_raises_it(app_context
         execute_on_driver(connection, insert(LedgerEntry), entry)
         with pytest.raises(IntegrityError):
             execute_on_driver(connection, insert(LedgerEntry), entry)
-        # The entry alone would leave the books unbalanced for the tests after this one.
+        # Nothing of the test stays behind: its transaction is undone.
         transaction.rollback()
 
 

@@ -137,7 +137,7 @@ def test_a_stream_whose_worker_died_is_charged_its_last_recorded_progress(app, f
         assert record.request_id == response.headers["X-Request-Id"]
         assert record.cost > 0 and charge == -record.cost
         assert account.reserved == 0 and account.balance == Decimal("10") - record.cost
-        report = audit_ledger()
+        report = audit_ledger([funded_key.account_id])
         assert f"generation {hold_id}" in {e.subject for e in report.estimated}
         db.session.commit()
 

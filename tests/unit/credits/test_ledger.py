@@ -58,6 +58,13 @@ def test_settling_charges_the_cost_and_frees_the_hold(app_context):
     charged = ledger.settle_hold(held, cost=Decimal("0.1234567891"), generation_id="gen-a")
     assert charged == Decimal("0.1234567891")
     assert state(account.id) == (Decimal("0.8765432109"), 0, Decimal("0.8765432109"))
+    entry = db.session.scalar(select(LedgerEntry).where(LedgerEntry.generation_id == "gen-a"))
+    assert (entry.account_id, entry.kind, entry.amount) == (
+        account.id,
+        "charge",
+        Decimal("-0.1234567891"),
+    )
+    assert db.session.get(Hold, held.id).status == "settled"
 
 
 def test_a_charge_beyond_its_hold_is_paid_from_the_free_balance_not_capped(app_context):
