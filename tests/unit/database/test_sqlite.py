@@ -1,4 +1,4 @@
-"""A process's SQLite writes that queue for the write lock commit together, each undone alone."""
+"""SQLite: every connection's settings, and the writer that queues a process's writes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from app.database import sqlite as app_database
-from app.database.sqlite import SQLiteWriter, sqlite_writer_engine
+from app.database.sqlite import (
+    SQLITE_PAGE_SIZE,
+    SQLITE_WAL_BYTES_BEFORE_CHECKPOINT,
+    SQLiteWriter,
+    sqlite_writer_engine,
+)
 from app.observability import metrics
 
 _NOTE = text("INSERT INTO notes (word) VALUES (:word)")
@@ -179,3 +184,45 @@ def test_a_forked_process_writes_on_a_connection_of_its_own(database, monkeypatc
 
     assert used[0] is used[1] and used[2] is not used[0]
     assert words(database) == {"parent", "parent again", "child"}
+
+
+PRAGMAS = ("page_size", "journal_mode", "synchronous", "wal_autocheckpoint", "foreign_keys")
+
+
+def settings_seen(path) -> dict[str, object]:
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as connection:
+            read = {name: connection.execute(text(f"PRAGMA {name}")).scalar() for name in PRAGMAS}
+            connection.execute(text("CREATE TABLE IF NOT EXISTS notes (word TEXT)"))
+            connection.commit()
+        return read
+    finally:
+        engine.dispose()
+
+
+def test_a_new_database_gets_small_pages_and_a_checkpoint_every_4_mib_of_wal(tmp_path):
+    path = tmp_path / "new.sqlite3"
+
+    seen = settings_seen(path)
+
+    assert seen["page_size"] == SQLITE_PAGE_SIZE == 1024
+    assert seen["wal_autocheckpoint"] == SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // 1024 == 4096
+    assert seen["journal_mode"] == "wal"
+    assert seen["synchronous"] == 1  # NORMAL
+    assert seen["foreign_keys"] == 1
+    with sqlite3.connect(path) as reopened:
+        assert reopened.execute("PRAGMA page_size").fetchone() == (1024,)
+
+
+def test_an_existing_database_keeps_its_page_size_and_checkpoints_by_the_same_bytes(tmp_path):
+    path = tmp_path / "existing.sqlite3"
+    with sqlite3.connect(path) as made_earlier:
+        made_earlier.execute("PRAGMA page_size=4096")
+        made_earlier.execute("PRAGMA journal_mode=WAL")
+        made_earlier.execute("CREATE TABLE notes (word TEXT)")
+
+    seen = settings_seen(path)
+
+    assert seen["page_size"] == 4096
+    assert seen["wal_autocheckpoint"] == SQLITE_WAL_BYTES_BEFORE_CHECKPOINT // 4096 == 1024
