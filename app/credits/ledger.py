@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -42,6 +42,7 @@ from app.credits.models import (
     CHARGE,
     EXPIRED,
     GRANT,
+    NO_KEY,
     OPEN,
     SETTLED,
     Account,
@@ -78,6 +79,27 @@ class HeldCredit:
     account_id: int
     amount: Decimal
     key_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """Where a charge is totalled: its model and UTC hour, and the tokens it paid for.
+
+    The account and the key are the hold's; the ledger adds the request, what was
+    charged and what was left unpaid (usage_rollups, one row an hour).
+    """
+
+    model: str
+    hour: datetime
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+def hour_of(moment: datetime) -> datetime:
+    """Return the start of the UTC hour ``moment`` falls in, as rollups file it."""
+    return moment.replace(minute=0, second=0, microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -310,7 +332,12 @@ def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> Mont
 
 
 def settle_hold(
-    hold: HeldCredit, *, cost: Decimal, generation_id: str, record: BoundStatement | None = None
+    hold: HeldCredit,
+    *,
+    cost: Decimal,
+    generation_id: str,
+    record: BoundStatement | None = None,
+    rollup: Rollup | None = None,
 ) -> Decimal:
     """Replace ``hold`` by a charge of ``cost``; return the charge.
 
@@ -318,7 +345,8 @@ def settle_hold(
     record) and its row, in which the ledger fills in ``cost``, what was charged, and
     ``shortfall``, what was not. A row that names a key whose row is gone (deleted
     outright while the request ran) is written without it, so that the charge is never
-    lost with its record.
+    lost with its record. ``rollup`` adds the request, its tokens and its charge to its
+    hour's totals, in the same transaction.
 
     A cost above the hold (or a hold that expired meanwhile) is charged as far as the
     balance and the key's monthly limit allow, never below zero or past the limit; what
@@ -331,7 +359,7 @@ def settle_hold(
     same (the connection was lost during the COMMIT): each try after the first asks the
     hold first, and a hold found settled is not charged again.
     """
-    charge = _settle_until_committed(hold, cost, generation_id, record)
+    charge = _settle_until_committed(hold, cost, _Writes(generation_id, record, rollup))
     if charge < cost:
         log.warning(
             "generation %s priced at $%s but only $%s could be charged: $%s unpaid",
@@ -343,21 +371,33 @@ def settle_hold(
     return charge
 
 
-def _settle_until_committed(
-    hold: HeldCredit, cost: Decimal, generation_id: str, record: BoundStatement | None
-) -> Decimal:
+@dataclass(frozen=True)
+class _Writes:
+    """What a settlement writes beside the money: the charge's generation, record, rollup."""
+
+    generation_id: str
+    record: BoundStatement | None
+    rollup: Rollup | None
+
+    def without_key(self) -> _Writes:
+        """Return these writes, the record naming no key."""
+        statement, row = self.record
+        return replace(self, record=(statement, {**row, "api_key_id": None}))
+
+
+def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
     pause, longest = SETTLE_RETRY_PAUSES
     tries = 0
     while True:
         try:
-            if tries and (charged := settled_charge(hold.id, generation_id)) is not None:
+            if tries and (charged := settled_charge(hold.id, writes.generation_id)) is not None:
                 return charged
-            return _settle_with_record(hold, cost, generation_id, record)
+            return _settle_with_record(hold, cost, writes)
         except RETRYABLE_ERRORS as error:
             tries += 1
             log.warning(
                 "generation %s: its settlement failed (%s, try %d); trying again in %.2f s",
-                generation_id,
+                writes.generation_id,
                 failure_reason(error),
                 tries,
                 pause,
@@ -378,53 +418,48 @@ def settled_charge(hold_id: str, generation_id: str) -> Decimal | None:
     return -charged if charged is not None else Decimal(0)
 
 
-def _settle_with_record(
-    hold: HeldCredit, cost: Decimal, generation_id: str, record: BoundStatement | None
-) -> Decimal:
+def _settle_with_record(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
     """Settle with the record, or without the key it names if that key's row is gone."""
     try:
-        return _settle_once(hold, cost, generation_id, record)
+        return _settle_once(hold, cost, writes)
     except IntegrityError:
-        if record is None or record[1].get("api_key_id") is None:
+        if writes.record is None or writes.record[1].get("api_key_id") is None:
             raise
         log.warning(
             "generation %s: its record names a key that is gone; recorded without it",
-            generation_id,
+            writes.generation_id,
         )
-        statement, row = record
-        return _settle_once(hold, cost, generation_id, (statement, {**row, "api_key_id": None}))
+        return _settle_once(hold, cost, writes.without_key())
 
 
-def _settle_once(
-    hold: HeldCredit, cost: Decimal, generation_id: str, record: BoundStatement | None
-) -> Decimal:
+def _settle_once(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
     """Settle in one transaction; where the hold covers the cost, as one statement alone."""
 
     def steps(connection: Connection) -> Decimal:
-        return _settle_steps(connection, hold, cost, generation_id, record)
+        return _settle_steps(connection, hold, cost, writes)
 
     def alone() -> Decimal | None:
-        return _settle_covered_alone(hold, cost, generation_id, record)
+        return _settle_covered_alone(hold, cost, writes)
 
     return write_transaction(steps, alone=alone if cost <= hold.amount else None)
 
 
-def _settle_covered_alone(
-    hold: HeldCredit, cost: Decimal, generation_id: str, record: BoundStatement | None
-) -> Decimal | None:
+def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal | None:
     """Charge ``cost`` (at most the hold) with its record, if the hold is still open.
 
     Return the charge; None if the hold was not open, and nothing was applied. One
-    statement, durable when it returns: its record is written with the charge or not at
-    all.
+    statement, durable when it returns: its record and rollup are written with the
+    charge or not at all.
     """
     shape = None
     parameters = {}
-    if record is not None:
-        statement, row = record
+    if writes.record is not None:
+        statement, row = writes.record
         row = _with_charge(row, cost, cost)
         shape = (statement, tuple(row))
         parameters = {statements.RECORD_PREFIX + name: value for name, value in row.items()}
+    if writes.rollup is not None:
+        parameters.update(_rollup_parameters(hold, writes.rollup, cost, cost))
     now = utcnow()
     parameters.update(
         hold_id=hold.id,
@@ -437,20 +472,18 @@ def _settle_covered_alone(
         used_at=now,
         kind=CHARGE,
         entry_amount=-cost,
-        generation_id=generation_id,
+        generation_id=writes.generation_id,
         charged_at=now,
     )
-    statement = statements.settlement_in_one_statement(hold.key_id is not None, cost > 0, shape)
+    statement = statements.settlement_in_one_statement(
+        hold.key_id is not None, cost > 0, shape, writes.rollup is not None
+    )
     closed = execute_durably(statement, parameters)[0][0]
     return cost if closed == 1 else None
 
 
 def _settle_steps(
-    connection: Connection,
-    hold: HeldCredit,
-    cost: Decimal,
-    generation_id: str,
-    record: BoundStatement | None,
+    connection: Connection, hold: HeldCredit, cost: Decimal, writes: _Writes
 ) -> Decimal:
     """Close the hold, charge the balance and the key's month, record the charge; return it."""
     released = execute_on_driver(
@@ -482,21 +515,44 @@ def _settle_steps(
             "account_id": hold.account_id,
             "kind": CHARGE,
             "amount": -charge,
-            "generation_id": generation_id,
+            "generation_id": writes.generation_id,
             "idempotency_key": None,
             "description": None,
             "created_at": now,
         }
         execute_on_driver(connection, statements.INSERT_ENTRY, entry)
-    if record is not None:
-        statement, row = record
+    if writes.record is not None:
+        statement, row = writes.record
         execute_on_driver(connection, statement, _with_charge(row, cost, charge))
+    if writes.rollup is not None:
+        parameters = _rollup_parameters(hold, writes.rollup, cost, charge)
+        execute_on_driver(connection, statements.ROLL_UP, parameters)
     return charge
 
 
 def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[str, Any]:
     """Return the record's row with what was charged and what was left unpaid."""
     return {**row, "cost": charge, "shortfall": cost - charge}
+
+
+def _rollup_parameters(
+    hold: HeldCredit, rollup: Rollup, cost: Decimal, charge: Decimal
+) -> dict[str, Any]:
+    """Return ROLL_UP's parameters: one request, its tokens, its charge and shortfall."""
+    prefix = statements.ROLLUP_PREFIX
+    return {
+        prefix + "account_id": hold.account_id,
+        prefix + "api_key_id": hold.key_id if hold.key_id is not None else NO_KEY,
+        prefix + "model": rollup.model,
+        prefix + "hour": rollup.hour,
+        prefix + "requests": 1,
+        prefix + "prompt_tokens": rollup.prompt_tokens,
+        prefix + "cached_tokens": rollup.cached_tokens,
+        prefix + "completion_tokens": rollup.completion_tokens,
+        prefix + "reasoning_tokens": rollup.reasoning_tokens,
+        prefix + "cost": charge,
+        prefix + "shortfall": cost - charge,
+    }
 
 
 def _payable(connection: Connection, hold: HeldCredit, cost: Decimal, reserved: Decimal) -> Decimal:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -99,3 +100,32 @@ class Hold(db.Model):
     # A stream's record of what it delivered so far, kept by its worker: what the hold is
     # settled at if it expires (the worker died) before the stream settled it.
     progress = mapped_column(JSON, nullable=True)
+
+
+# The key a rollup of charges made without a key is filed under: rows of a unique key
+# cannot hold NULL and still meet on conflict.
+NO_KEY = 0
+
+
+class UsageRollup(db.Model):
+    """What one account's key spent on one model in one UTC hour: requests, tokens, money.
+
+    Written by every settlement, in its own transaction, so that history is read from a
+    row an hour and not from every generation ever recorded; ``flask ledger audit``
+    holds it to the raw generations, and ``flask usage rebuild`` recomputes it from them.
+    """
+
+    __tablename__ = "usage_rollups"
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    # The key's id, or NO_KEY; no foreign key, as a rollup outlives the key's row.
+    api_key_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour = mapped_column(UTCDateTime, primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    prompt_tokens = mapped_column(BigInteger, nullable=False, default=0)
+    cached_tokens = mapped_column(BigInteger, nullable=False, default=0)
+    completion_tokens = mapped_column(BigInteger, nullable=False, default=0)
+    reasoning_tokens = mapped_column(BigInteger, nullable=False, default=0)
+    cost = mapped_column(Money, nullable=False, default=0)
+    shortfall = mapped_column(Money, nullable=False, default=0)

@@ -33,16 +33,19 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     update,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.models import ACTIVE, ApiKey
-from app.credits.models import OPEN, Account, Hold, LedgerEntry
+from app.credits.models import OPEN, Account, Hold, LedgerEntry, UsageRollup
 from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
+rollups = UsageRollup.__table__
 keys = ApiKey.__table__
 amount = bindparam("amount", type_=Money())
 month = bindparam("month")
@@ -128,6 +131,32 @@ RECORD_PROGRESS = (
     update(holds)
     .where(holds.c.id == bindparam("hold_id"), holds.c.status == OPEN)
     .values(progress=bindparam("progress"))
+)
+
+# A charge totalled into its account's, key's, model's and UTC hour's row: the same
+# INSERT ... ON CONFLICT DO UPDATE on SQLite and PostgreSQL. Its parameters are named
+# rollup_<column>, apart from every other statement's of a settlement.
+ROLLUP_KEY = ("account_id", "api_key_id", "model", "hour")
+ROLLUP_SUMS = (
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost",
+    "shortfall",
+)
+ROLLUP_PREFIX = "rollup_"
+ROLL_UP = text(
+    f"INSERT INTO usage_rollups ({', '.join(ROLLUP_KEY + ROLLUP_SUMS)}) "
+    f"VALUES ({', '.join(':' + ROLLUP_PREFIX + name for name in ROLLUP_KEY + ROLLUP_SUMS)}) "
+    f"ON CONFLICT ({', '.join(ROLLUP_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{name} = usage_rollups.{name} + excluded.{name}" for name in ROLLUP_SUMS)
+).bindparams(
+    *(
+        bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type)
+        for name in ROLLUP_KEY + ROLLUP_SUMS
+    )
 )
 
 # What an account and a key have, to say why a hold was refused or how much more than
@@ -234,14 +263,14 @@ RecordShape = tuple[Insert, tuple[str, ...]]
 
 @functools.lru_cache(maxsize=16)
 def settlement_in_one_statement(
-    with_key: bool, with_entry: bool, record: RecordShape | None
+    with_key: bool, with_entry: bool, record: RecordShape | None, with_rollup: bool
 ) -> Select:
     """Build PostgreSQL's settlement of a hold that covers its cost, with its record.
 
-    CLOSE_HOLD, then DEBIT, SPEND_ON_KEY, INSERT_ENTRY and the record's INSERT (the
-    generation's row), each only if the hold was still open (rows taken in the same
-    order as the separate statements); the SELECT says whether it was, and commits as
-    execute_durably chooses (COMMIT_AS_CHOSEN). A hold that was not has applied nothing,
+    CLOSE_HOLD, then DEBIT, SPEND_ON_KEY, INSERT_ENTRY, the record's INSERT (the
+    generation's row) and ROLL_UP, each only if the hold was still open (rows taken in
+    the same order as the separate statements); the SELECT says whether it was, and
+    commits as execute_durably chooses (COMMIT_AS_CHOSEN). A hold that was not has applied nothing,
     and is settled step by step. Nothing else can make a step miss its row, so the
     statement needs no transaction around it.
     """
@@ -271,7 +300,23 @@ def settlement_in_one_statement(
         )
     if record is not None:
         steps.append(_record_step(*record, gate))
+    if with_rollup:
+        steps.append(_rollup_step(gate))
     return select(_row_count(closed), COMMIT_AS_CHOSEN).add_cte(*steps)
+
+
+def _rollup_step(gate: Any) -> CTE:
+    """Return ROLL_UP as a step of PostgreSQL's one statement, applied only through ``gate``."""
+    names = ROLLUP_KEY + ROLLUP_SUMS
+    row = select(
+        *(bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type) for name in names)
+    ).where(gate)
+    upsert = postgresql.insert(rollups).from_select(list(names), row)
+    upsert = upsert.on_conflict_do_update(
+        index_elements=list(ROLLUP_KEY),
+        set_={name: rollups.c[name] + upsert.excluded[name] for name in ROLLUP_SUMS},
+    )
+    return upsert.returning(literal_column("1")).cte("rolled_up")
 
 
 # The prefix of the record's parameters in the settlement's statement, so that they

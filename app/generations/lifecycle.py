@@ -24,7 +24,9 @@ from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
     HeldCredit,
     MonthlyLimitShortfall,
+    Rollup,
     Shortfall,
+    hour_of,
     place_hold,
     settle_hold,
 )
@@ -338,11 +340,13 @@ def finish_generation(
     if usage.total_tokens == 0:
         usage = Usage()
     cost = cost_of(usage, generation.model.pricing)
+    record = generation_record(generation, usage, status, finish_reason)
     charged = settle_hold(
         generation.hold,
         cost=cost,
         generation_id=generation.id,
-        record=generation_record(generation, usage, status, finish_reason),
+        record=record,
+        rollup=rollup_of(record[1]),
     )
     generation.settled = True
     live_holds.forget(generation.hold.id)
@@ -442,6 +446,19 @@ def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
         cost=cost_of(usage, pricing),
         generation_id=hold.id,
         record=(_INSERT_GENERATION, record),
+        rollup=rollup_of(record),
+    )
+
+
+def rollup_of(row: dict[str, Any]) -> Rollup:
+    """Return where a generation's record is totalled: its model, its hour, its tokens."""
+    return Rollup(
+        model=row["model"],
+        hour=hour_of(row["created_at"]),
+        prompt_tokens=row["prompt_tokens"],
+        cached_tokens=row["cached_tokens"],
+        completion_tokens=row["completion_tokens"],
+        reasoning_tokens=row["reasoning_tokens"],
     )
 
 
