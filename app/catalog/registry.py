@@ -29,6 +29,9 @@ CAPABILITIES = frozenset({"tools", "json_schema", "reasoning", "vision"})
 BUILTIN_UPSTREAM = "builtin"
 DEFAULT_CREATED = 1_700_000_000
 URL_SCHEMES = ("http://", "https://")
+# The protocols a route of each upstream kind may pass requests through in (``api``):
+# OpenAI's Responses API to an OpenAI-compatible upstream that serves /v1/responses.
+PASSED_THROUGH = {"openai": ("responses",)}
 UPSTREAM_KEYS = frozenset(
     {"kind", "base_url", "api_key_env", "connect_timeout", "read_timeout", "retries"}
 )
@@ -203,14 +206,26 @@ def _build_route(
     tokenizer = entry.get("tokenizer")
     if tokenizer is not None and tokenizer not in encoding_names():
         raise CatalogError(f"{where}: tokenizer must be one of {', '.join(encoding_names())}")
+    api = _route_api(route, adapters[upstream], where)
     target = RouteTarget(
         upstream_model=str(route.get("model") or entry["id"]),
         capabilities=capabilities,
         extra_params=frozenset(entry.get("extra_params", [])),
         max_output_tokens=max_output,
+        api=api,
         tokenizer=tokenizer,
     )
     return Route(adapter=adapters[upstream], target=target)
+
+
+def _route_api(route: Mapping[str, Any], adapter: Adapter, where: str) -> str | None:
+    """Return the protocol the route passes requests through in, if it names one it may."""
+    api = route.get("api")
+    allowed = PASSED_THROUGH.get(adapter.kind, ())
+    if api is not None and api not in allowed:
+        names = ", ".join(allowed) if allowed else f"none for an upstream of kind {adapter.kind}"
+        raise CatalogError(f"{where}: api must be one of: {names}")
+    return api
 
 
 def _build_pricing(pricing: Any, where: str) -> Pricing:

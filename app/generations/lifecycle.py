@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -33,12 +33,25 @@ from app.credits.ledger import (
 from app.database import BoundStatement, utcnow
 from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.generations.live import live_holds
-from app.generations.metering import StreamMeter
+from app.generations.metering import Meter, RelayMeter, StreamMeter
 from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
 from app.observability.trace import RequestTrace, current_trace
-from app.providers.base import ChatRequest, Chunk, Completion, Usage
-from app.providers.router import complete_on_routes, stream_on_routes
+from app.providers.base import (
+    ChatRequest,
+    Chunk,
+    Completion,
+    NativeAnswer,
+    NativeCall,
+    Route,
+    Usage,
+)
+from app.providers.router import (
+    complete_on_routes,
+    relay_on_routes,
+    relay_stream_on_routes,
+    stream_on_routes,
+)
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 # Built once: a statement costs more CPU to construct than to execute.
@@ -309,28 +322,90 @@ def stream_generation(generation: Generation) -> Iterator[StreamItem]:
                 yield None
         # The settlement writes to the database: what the upstream sent goes out first.
         yield None
-        meter.complete = True
         status = COMPLETED
-        usage = meter.final_usage()
-        cost = finish_generation(
-            generation, usage=usage, status=status, finish_reason=meter.finish_reason
-        )
-        yield StreamEnd(usage, cost, meter.finish_reason)
+        yield _end_stream(generation, meter)
     except GeneratorExit:
         # The server closes the generator when the caller has gone away.
         status = CANCELLED
         raise
     finally:
-        # Close the upstream first: a caller who left must not keep it generating while
-        # the settlement is written.
-        chunks.close()
-        if not generation.settled:
-            finish_generation(
-                generation,
-                usage=meter.final_usage(),
-                status=status,
-                finish_reason=meter.finish_reason,
-            )
+        _close_stream(generation, meter, chunks, status)
+
+
+def native_routes(model: Model, api: str) -> tuple[Route, ...]:
+    """Return the model's routes that pass ``api`` through natively, when its first does.
+
+    A request passed through is tried only on such routes: a door answers either in the
+    upstream's own bytes or from normalized results, never both for one request.
+    """
+    if not model.routes[0].speaks(api):
+        return ()
+    return tuple(route for route in model.routes if route.speaks(api))
+
+
+def relay_generation(
+    generation: Generation, call: NativeCall, usage_of: Callable[[dict[str, Any]], Usage]
+) -> tuple[NativeAnswer, Usage, Decimal]:
+    """Pass ``call`` through whole on the model's native routes; settle; return what came.
+
+    ``usage_of`` reads the usage from the upstream's answer, in its door's wire format.
+    """
+    routes = native_routes(generation.model, call.api)
+    try:
+        answer = relay_on_routes(routes, call, generation.trace)
+    except BaseException:
+        finish_generation(generation, usage=Usage(), status=FAILED, finish_reason=None)
+        raise
+    usage = usage_of(answer.decoded)
+    cost = finish_generation(generation, usage=usage, status=COMPLETED, finish_reason=None)
+    return answer, usage, cost
+
+
+def relay_stream(generation: Generation, call: NativeCall, meter: RelayMeter) -> Iterator[Any]:
+    """Yield the upstream's bytes of ``call`` passed through, then a StreamEnd; settle once.
+
+    ``meter`` reads the bytes as its door's wire format: what was delivered, the usage the
+    upstream reported. Each upstream read is one item, followed by a flush point (None).
+    """
+    generation.meter = meter
+    status = FAILED
+    reads = relay_stream_on_routes(
+        native_routes(generation.model, call.api), call, generation.trace
+    )
+    try:
+        for data in reads:
+            if meter.observe(data):
+                generation.trace.note_first_token()
+            yield data
+            yield None
+        status = COMPLETED
+        yield _end_stream(generation, meter)
+    except GeneratorExit:
+        status = CANCELLED
+        raise
+    finally:
+        _close_stream(generation, meter, reads, status)
+
+
+def _end_stream(generation: Generation, meter: Meter) -> StreamEnd:
+    """Settle a stream that reached its end, at the upstream's usage; return its end."""
+    meter.complete = True
+    usage = meter.final_usage()
+    cost = finish_generation(
+        generation, usage=usage, status=COMPLETED, finish_reason=meter.finish_reason
+    )
+    return StreamEnd(usage, cost, meter.finish_reason)
+
+
+def _close_stream(generation: Generation, meter: Meter, items: Iterator[Any], status: str) -> None:
+    """Close the upstream, then settle what the stream delivered if it has not settled."""
+    # The upstream first: a caller who left must not keep it generating while the
+    # settlement is written.
+    items.close()
+    if not generation.settled:
+        finish_generation(
+            generation, usage=meter.final_usage(), status=status, finish_reason=meter.finish_reason
+        )
 
 
 def finish_generation(

@@ -8,8 +8,34 @@ worker can record it (app.sweeper) for the stream to be billed even if the worke
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 from app.providers.base import ChatRequest, Chunk, Route, Usage
+
+
+class Meter(Protocol):
+    """What a stream's settlement and its recorded progress need of the stream's meter."""
+
+    usage: Usage | None
+    complete: bool
+    finish_reason: str | None
+
+    @property
+    def delivered_since_counted(self) -> bool:
+        """Whether anything was delivered since the delivered tokens were last counted."""
+
+    def usage_so_far(self) -> Usage:
+        """Return the usage of what was delivered until now (estimated)."""
+
+    def final_usage(self) -> Usage:
+        """Return the usage to bill: the upstream's at the end, else what was delivered."""
+
+
+class RelayMeter(Meter, Protocol):
+    """A meter of a stream passed through in its door's wire format: it reads the bytes."""
+
+    def observe(self, data: bytes) -> bool:
+        """Read one upstream read's bytes; return whether they carried generated output."""
 
 
 class StreamMeter:

@@ -149,7 +149,9 @@ class RouteTarget:
     ``upstream_model`` is the upstream's own name for the model; ``extra_params`` names
     request fields beyond the standard ones that this model accepts and that may be
     forwarded; ``capabilities`` are the catalog's (tools, json_schema, reasoning, vision);
-    ``tokenizer`` names the encoding that counts the model's tokens, when the catalog says.
+    ``tokenizer`` names the encoding that counts the model's tokens, when the catalog says;
+    ``api`` names a wire protocol the route passes requests through in, unchanged
+    (``responses``: the upstream's /v1/responses), when the catalog says.
     """
 
     upstream_model: str
@@ -157,6 +159,30 @@ class RouteTarget:
     extra_params: frozenset[str] = frozenset()
     max_output_tokens: int | None = None
     tokenizer: str | None = None
+    api: str | None = None
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """A request passed through to an upstream in its own wire format, not translated.
+
+    ``api`` is the protocol (``responses``, ``messages``); ``body`` the caller's, whose
+    ``model`` becomes the route's name for it; ``headers`` the caller's protocol headers
+    that go on with it (``anthropic-version``, ``anthropic-beta``).
+    """
+
+    api: str
+    body: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class NativeAnswer:
+    """A whole answer passed through: the upstream's body as sent, and decoded."""
+
+    body: bytes
+    decoded: dict[str, Any]
 
 
 class Adapter(ABC):
@@ -197,6 +223,24 @@ class Adapter(ABC):
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
         """Count (or estimate) the tokens of generated text, for billing a cut-off stream."""
 
+    # The wire protocols the upstream speaks itself, whatever a route says.
+    native_apis: ClassVar[frozenset[str]] = frozenset()
+
+    def relay(self, call: NativeCall, target: RouteTarget) -> NativeAnswer:
+        """Pass ``call`` through whole; an adapter that speaks no protocol natively cannot."""
+        raise NotSpokenHere(self.kind, call.api)
+
+    def relay_stream(self, call: NativeCall, target: RouteTarget) -> Iterator[bytes]:
+        """Pass ``call`` through streamed; yield the upstream's bytes as each read brings them."""
+        raise NotSpokenHere(self.kind, call.api)
+
+
+class NotSpokenHere(Exception):
+    """An adapter was asked to pass on a protocol its upstream does not speak: a wiring bug."""
+
+    def __init__(self, kind: str, api: str) -> None:
+        super().__init__(f"upstreams of kind {kind!r} do not speak {api!r}")
+
 
 @dataclass(frozen=True)
 class Route:
@@ -204,3 +248,7 @@ class Route:
 
     adapter: Adapter
     target: RouteTarget
+
+    def speaks(self, api: str) -> bool:
+        """Tell whether requests of ``api`` pass through this route natively."""
+        return api == self.target.api or api in self.adapter.native_apis

@@ -30,7 +30,7 @@ from app.observability.trace import (
     RequestTrace,
     current_trace,
 )
-from app.providers.base import ChatRequest, Chunk, Completion, Route
+from app.providers.base import ChatRequest, Chunk, Completion, NativeAnswer, NativeCall, Route
 from app.providers.cooldown import Admission, upstream_cooldowns
 from app.providers.errors import (
     UpstreamError,
@@ -160,11 +160,36 @@ def stream_on_routes(
     routes: Sequence[Route], request: ChatRequest, trace: RequestTrace | None = None
 ) -> Iterator[Chunk]:
     """Yield the chunks of the first route whose stream starts; raise if none does."""
+    return _stream_on_routes(
+        routes, lambda route: route.adapter.stream(request, route.target), trace
+    )
 
-    def start(route: Route) -> tuple[Chunk, Iterator[Chunk]]:
-        chunks = route.adapter.stream(request, route.target)
+
+def relay_on_routes(
+    routes: Sequence[Route], call: NativeCall, trace: RequestTrace | None = None
+) -> NativeAnswer:
+    """Pass ``call`` through whole on the first route that answers; raise the last error."""
+    return _on_routes(routes, lambda route: route.adapter.relay(call, route.target), trace)
+
+
+def relay_stream_on_routes(
+    routes: Sequence[Route], call: NativeCall, trace: RequestTrace | None = None
+) -> Iterator[bytes]:
+    """Yield the bytes of the first route whose passed-through stream starts."""
+    return _stream_on_routes(
+        routes, lambda route: route.adapter.relay_stream(call, route.target), trace
+    )
+
+
+def _stream_on_routes(
+    routes: Sequence[Route],
+    open_stream: Callable[[Route], Iterator[T]],
+    trace: RequestTrace | None,
+) -> Iterator[T]:
+    def start(route: Route) -> tuple[T, Iterator[T]]:
+        items = open_stream(route)
         try:
-            return next(chunks), chunks
+            return next(items), items
         except StopIteration:
             raise UpstreamError("The upstream closed the stream without an answer.") from None
 

@@ -167,3 +167,40 @@ def test_the_built_in_models_do_not_reason_unless_asked():
         catalog = load_catalog(root / path)
         for model_id in ("dev-chat", "dev-chat-mini"):
             assert catalog.resolve(model_id).default_reasoning_effort == "none", (path, model_id)
+
+
+def test_a_route_may_pass_the_responses_api_through_to_an_openai_compatible_upstream():
+    catalog = build_catalog(
+        {
+            "upstreams": {"openai": {"kind": "openai", "base_url": "https://api.example/v1"}},
+            "models": [
+                {
+                    "id": "m",
+                    "pricing": {"prompt": 1, "completion": 2},
+                    "routes": [{"upstream": "openai", "model": "gpt-x", "api": "responses"}],
+                }
+            ],
+        }
+    )
+
+    route = catalog.models["m"].routes[0]
+    assert route.target.api == "responses"
+    assert route.speaks("responses") and not route.speaks("messages")
+
+
+@pytest.mark.parametrize(("upstream", "kind"), [("builtin", None), ("up", "anthropic")])
+def test_a_route_may_not_pass_through_what_its_upstream_does_not_speak(upstream, kind):
+    upstreams = {} if kind is None else {"up": {"kind": kind, "base_url": "https://a.example"}}
+    document = {
+        "upstreams": upstreams,
+        "models": [
+            {
+                "id": "m",
+                "pricing": {"prompt": 1, "completion": 2},
+                "routes": [{"upstream": upstream, "api": "responses"}],
+            }
+        ],
+    }
+
+    with pytest.raises(CatalogError, match=r"routes\[0\]: api must be one of"):
+        build_catalog(document)
