@@ -44,6 +44,8 @@ LINE_BREAK = re.compile(r"[\r\n\0]")
 # What http.client refuses in a request target: controls and spaces.
 NOT_IN_TARGET = re.compile(r"[\x00-\x20\x7f]")
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# The codings Decoder undoes, to be asked for in a request's Accept-Encoding.
+ACCEPT_ENCODING = "gzip, deflate"
 BODILESS_STATUSES = frozenset({204, 304})
 # The system's poll, also in a gevent worker, where select.poll is gevent's once
 # patched. Patching takes gevent.monkey: where it is not loaded, select.poll is still

@@ -36,7 +36,12 @@ from app.providers.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from app.providers.http1 import UpstreamPool, UpstreamResponse, normalized_url
+from app.providers.http1 import (
+    ACCEPT_ENCODING,
+    UpstreamPool,
+    UpstreamResponse,
+    normalized_url,
+)
 from app.providers.tokens import (
     DEFAULT_ENCODING,
     DEFAULT_IMAGE_TOKENS,
@@ -192,9 +197,12 @@ class HttpUpstreamAdapter(Adapter):
         super().__init__(upstream)
         options = upstream.options
         self.pool = open_pool(positive_int_option(options, "pool_size", DEFAULT_POOL_SIZE))
-        # The headers a session would add: requests' User-Agent, Accept and
-        # Accept-Encoding (an upstream may compress; bodies are decoded as they are read).
-        self.default_headers = dict(requests.utils.default_headers())
+        # The headers a session would add: requests' User-Agent and Accept, and an
+        # Accept-Encoding naming what the body's reads are decoded from (requests' too).
+        self.default_headers = {
+            **requests.utils.default_headers(),
+            "Accept-Encoding": ACCEPT_ENCODING,
+        }
         self.timeout = (upstream.connect_timeout, upstream.read_timeout)
         self.image_tokens = positive_int_option(options, "image_tokens", DEFAULT_IMAGE_TOKENS)
         self.tokenizer = encoding_option(options.get("tokenizer", DEFAULT_ENCODING), "tokenizer")

@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.providers.http1 import UpstreamPool, readable_now
+from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.http1 import UpstreamPool, decoder_of, readable_now
+from app.providers.openai_compat import OpenAICompatAdapter
 from app.providers.transport import open_pool, prepared_url
+from tests.upstream_server import Reply
 
 TIMEOUT = (5.0, 5.0)
+HELLO = [{"role": "user", "content": "Hello"}]
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -289,3 +293,17 @@ def test_calls_over_tls_are_answered_on_one_kept_alive_connection(
     assert {(status, content) for status, _, content in answers} == {(201, b'{"ok": true}')}
     assert len({port for _, port in seen}) == 1
     assert pool.connections_opened == 1
+
+
+def test_an_adapter_asks_only_for_the_encodings_its_reads_decode(replay_server) -> None:
+    adapter = OpenAICompatAdapter(
+        UpstreamConfig(name="own", kind="openai", base_url=f"{replay_server.url}/own/v1")
+    )
+    replay_server.script("/own", Reply("openai_chat"))
+
+    adapter.complete(ChatRequest(model="mini", messages=HELLO), RouteTarget(upstream_model="m"))
+
+    (exchange,) = replay_server.exchanges
+    codings = exchange.headers["accept-encoding"].split(", ")
+    assert codings == ["gzip", "deflate"]
+    assert all(decoder_of(coding) is not None for coding in codings)
