@@ -52,7 +52,14 @@ COMPONENTS = [
     ("settlement", ("finish_generation (", "settle_hold (", "generation_record (")),
     ("adapter request building", ("request_body (", "headers (app/providers/openai")),
     ("JSON encoding/decoding", ("app/encoding.py",)),
-    ("upstream call (requests)", ("post (app/providers/transport.py",)),
+    (
+        "upstream call",
+        (
+            "post (app/providers/transport.py",
+            "exchange (app/providers/transport.py",
+            "post (app/providers/http1.py",
+        ),
+    ),
     (
         "response handling",
         ("app/providers/openai_compat.py", "app/providers/transport.py", "app/completions/"),

@@ -14,8 +14,6 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import requests
-
 from app.encoding import dumps, loads
 from app.providers.base import (
     ChatRequest,
@@ -34,6 +32,7 @@ from app.providers.errors import (
     UpstreamUnavailable,
 )
 from app.providers.event_stream import ServerSentEvent, read_events
+from app.providers.http1 import UpstreamResponse
 from app.providers.transport import (
     HttpUpstreamAdapter,
     as_count,
@@ -453,7 +452,7 @@ class AnthropicAdapter(HttpUpstreamAdapter):
             headers["x-api-key"] = key
         return headers
 
-    def call(self, request: ChatRequest, target: RouteTarget) -> requests.Response:
+    def call(self, request: ChatRequest, target: RouteTarget) -> UpstreamResponse:
         """Send the translated request; return the upstream's successful response."""
         return self.post(
             self.url,

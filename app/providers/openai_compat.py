@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
-import requests
-
 from app.encoding import loads
 from app.providers.base import (
     ChatRequest,
@@ -31,6 +29,7 @@ from app.providers.base import (
 )
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import ServerSentEvent, read_events
+from app.providers.http1 import UpstreamResponse
 from app.providers.transport import (
     HttpUpstreamAdapter,
     as_count,
@@ -210,7 +209,7 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         """Return the system_fingerprint for answers whose upstream sent none (vLLM, llama.cpp)."""
         return fingerprint_of(self.kind, self.upstream.name, target.upstream_model)
 
-    def call(self, request: ChatRequest, target: RouteTarget) -> requests.Response:
+    def call(self, request: ChatRequest, target: RouteTarget) -> UpstreamResponse:
         """Send the request; return the upstream's successful response."""
         return self.post(
             self.url,

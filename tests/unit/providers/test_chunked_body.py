@@ -1,12 +1,11 @@
-"""ChunkedBody: a chunked upstream body decoded from its reads, however they cut it."""
+"""A chunked upstream body, decoded from its socket's reads however they cut it."""
 
 import http.client
-import io
 import sys
 
 import pytest
 
-from app.providers.transport import MAX_TRAILER_LINES, ChunkedBody
+from app.providers.http1 import MAX_TRAILER_LINES, UpstreamResponse, receive
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 DATA = [b"data: one\n\n", b"x" * 300, b"data: two\n\ndata: three\n\n"]
@@ -18,21 +17,15 @@ BODY = (
 )
 
 
-class GivenReads(io.RawIOBase):
-    """A socket whose reads bring the given pieces, one each, to ``recv`` or a buffer."""
+class GivenReads:
+    """A socket whose reads bring the given pieces, one each, then the peer's close."""
 
     def __init__(self, *reads: bytes) -> None:
         self.reads = [read for read in reads if read]
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:
-        read = self.recv(len(buffer))
-        buffer[: len(read)] = read
-        return len(read)
+        self.made = 0
 
     def recv(self, size: int) -> bytes:
+        self.made += 1
         if not self.reads:
             return b""
         read, rest = self.reads[0][:size], self.reads[0][size:]
@@ -42,38 +35,32 @@ class GivenReads(io.RawIOBase):
             self.reads.pop(0)
         return read
 
-    def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(self)
+
+def chunked_body(*reads: bytes) -> UpstreamResponse:
+    """Return the response whose socket reads ``reads``, the head in the first."""
+    return receive(GivenReads(*reads))  # type: ignore[arg-type]
 
 
-def chunked_body(*reads: bytes) -> ChunkedBody:
-    """Return the decoder of a response whose socket reads ``reads``, the head in the first."""
-    sock = GivenReads(*reads)
-    response = http.client.HTTPResponse(sock)
-    response.begin()
-    return ChunkedBody(response, sock)
-
-
-def decoded(body: ChunkedBody) -> list[bytes]:
+def decoded(response: UpstreamResponse) -> list[bytes]:
     items = []
-    while not body.ended():
-        items.append(body.data_of_next_read())
+    while not response.ended:
+        items.append(response.read1())
     return items
 
 
 @pytest.mark.parametrize("cut", range(len(BODY) + 1))
 def test_a_body_cut_anywhere_in_two_reads_decodes_to_its_data(cut):
-    body = chunked_body(HEAD + BODY[:cut], BODY[cut:])
+    response = chunked_body(HEAD + BODY[:cut], BODY[cut:])
 
-    assert b"".join(decoded(body)) == b"".join(DATA)
-    assert body.response.isclosed()
+    assert b"".join(decoded(response)) == b"".join(DATA)
+    assert response.ended
 
 
 def test_a_body_read_a_byte_at_a_time_decodes_to_its_data():
-    body = chunked_body(HEAD, *(BODY[i : i + 1] for i in range(len(BODY))))
+    response = chunked_body(HEAD, *(BODY[i : i + 1] for i in range(len(BODY))))
 
-    assert b"".join(decoded(body)) == b"".join(DATA)
-    assert body.response.isclosed()
+    assert b"".join(decoded(response)) == b"".join(DATA)
+    assert response.ended
 
 
 def test_each_read_is_relayed_as_it_comes_unless_it_ends_inside_the_framing():
@@ -89,18 +76,21 @@ def test_each_read_is_relayed_as_it_comes_unless_it_ends_inside_the_framing():
     assert items == [DATA[0] + b"x" * 84, b"x" * 216 + DATA[2]]
 
 
-def test_http_client_reads_on_where_a_read_left_the_body_and_the_stream_keeps_no_big_buffer():
+def test_the_body_reads_on_where_a_read_left_it_and_the_stream_keeps_no_buffer():
     second = BODY.index(b"\r\n", BODY.index(b"12C;")) + 2
-    body = chunked_body(HEAD + BODY[: second + 8], BODY[second + 8 :])
-    head_buffer = sys.getsizeof(body.response.fp)
+    sock = GivenReads(HEAD + BODY[: second + 8], BODY[second + 8 :])
+    response = receive(sock)  # type: ignore[arg-type]
 
-    first = body.data_of_next_read()
+    first = response.read1()
 
     assert first == DATA[0] + b"x" * 8
-    assert body.response.chunk_left == 292
-    assert sys.getsizeof(body.response.fp) < 1_000 < 8_000 < head_buffer
-    assert first + body.response.read() == b"".join(DATA)
-    assert body.response.isclosed()
+    # What came with the head was taken by the first read, without a read of the socket.
+    assert sock.made == 1
+    assert response.framing.left == 292
+    kept = sys.getsizeof(response.first) + sys.getsizeof(response.framing.cut)
+    assert kept < 100 < len(HEAD + BODY[: second + 8])
+    assert first + response.read() == b"".join(DATA)
+    assert response.ended
 
 
 @pytest.mark.parametrize(
@@ -114,7 +104,7 @@ def test_http_client_reads_on_where_a_read_left_the_body_and_the_stream_keeps_no
     ],
 )
 def test_a_malformed_or_cut_body_fails_as_http_clients_would(reads, error):
-    body = chunked_body(HEAD, *reads)
+    response = chunked_body(HEAD, *reads)
 
     with pytest.raises(error):
-        decoded(body)
+        decoded(response)

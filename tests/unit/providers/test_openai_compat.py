@@ -8,7 +8,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import requests
 
 from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
 from app.providers.errors import (
@@ -19,7 +18,7 @@ from app.providers.errors import (
     UpstreamUnavailable,
 )
 from app.providers.openai_compat import OpenAICompatAdapter
-from app.providers.transport import received_chunks
+from app.providers.transport import open_pool, received_chunks
 from tests.upstream_server import Reply, answered_chunks, closed_port, load_transcript
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -52,6 +51,11 @@ def chat(**fields):
 
 def streamed_text(chunks, key="content"):
     return "".join(choice["delta"].get(key) or "" for chunk in chunks for choice in chunk.choices)
+
+
+def stream_of(url):
+    """POST an empty JSON object to ``url`` through the adapters' transport; body left unread."""
+    return open_pool(1).post(url, b"{}", {"Content-Type": "application/json"}, (5.0, 5.0))
 
 
 def collect_until_error(chunks):
@@ -419,7 +423,7 @@ def test_an_upstream_without_a_system_fingerprint_gets_one_of_the_gateway(adapte
 
 def test_the_events_that_arrived_together_are_one_read(replay_server):
     replay_server.script("/third", Reply("openai_chat_stream", together=True))
-    response = requests.post(f"{replay_server.url}/third/v1/chat/completions", stream=True)
+    response = stream_of(f"{replay_server.url}/third/v1/chat/completions")
 
     assert list(received_chunks(response)) == [load_transcript("openai_chat_stream")[1]]
 
@@ -455,8 +459,7 @@ def test_an_encoded_stream_is_read_decoded():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
-        response = requests.post(url, json={}, stream=True, timeout=5)
-        received = b"".join(received_chunks(response))
+        received = b"".join(received_chunks(stream_of(url)))
     finally:
         server.shutdown()
         server.server_close()
@@ -502,7 +505,7 @@ def test_chunk_extensions_large_chunks_and_trailers_are_read_and_the_connection_
     try:
         chunks = [list(adapter.stream(chat(stream=True), TARGET)) for _ in range(2)]
         url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
-        received = b"".join(received_chunks(requests.post(url, json={}, stream=True, timeout=5)))
+        received = b"".join(received_chunks(stream_of(url)))
     finally:
         server.shutdown()
         server.server_close()
@@ -513,9 +516,9 @@ def test_chunk_extensions_large_chunks_and_trailers_are_read_and_the_connection_
         assert streamed_text(answer) == "Hello! How can I help you today?"
         assert answer[-1].usage is not None
     # Each stream's end, trailer included, was read: the second call reused the connection.
-    assert adapter.pool.poolmanager.pools._container, "no pooled connection"
-    (pool,) = adapter.pool.poolmanager.pools._container.values()
-    assert pool.num_connections == 1
+    assert adapter.pool.idle_connections, "no pooled connection"
+    assert len(adapter.pool.origins) == 1
+    assert adapter.pool.connections_opened == 1
 
 
 def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
