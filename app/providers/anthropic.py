@@ -437,6 +437,11 @@ class AnthropicAdapter(HttpUpstreamAdapter):
     kind = "anthropic"
     # Claude's tokenizer is not public; it counts about a fifth more tokens than
     # cl100k_base for the same English text, more for code.
+    # Anthropic's Messages API passes through to its own /v1/messages, with the caller's
+    # version and betas (Claude Code's fields need theirs), the gateway's key.
+    native_apis = frozenset({"messages"})
+    native_paths = {"messages": "/v1/messages"}
+    passed_on_headers = ("anthropic-version", "anthropic-beta")
     token_ratio = 1.2
     # The Messages API has no ``detail``: a low-detail image is billed like any other.
     low_detail_image_tokens = None

@@ -132,9 +132,14 @@ def event_payload(event: ServerSentEvent) -> dict[str, Any]:
 
 
 class OpenAICompatAdapter(HttpUpstreamAdapter):
-    """Calls ``{base_url}/chat/completions`` of any OpenAI-compatible server."""
+    """Calls ``{base_url}/chat/completions`` of any OpenAI-compatible server.
+
+    A route that says ``api = "responses"`` passes OpenAI's Responses API through to
+    ``{base_url}/responses`` (OpenAI, vLLM).
+    """
 
     kind = "openai"
+    native_paths = {"responses": "/responses"}
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)

@@ -28,7 +28,14 @@ import urllib3.exceptions
 
 from app.encoding import dumps, loads
 from app.observability.trace import REQUEST_ID_HEADER, current_request_id
-from app.providers.base import Adapter, ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.base import (
+    Adapter,
+    ChatRequest,
+    NativeAnswer,
+    NativeCall,
+    RouteTarget,
+    UpstreamConfig,
+)
 from app.providers.errors import (
     UpstreamError,
     UpstreamMisconfigured,
@@ -263,6 +270,48 @@ class HttpUpstreamAdapter(Adapter):
             log.warning("upstream %s: %s", self.upstream.name, exc)
             raise exchange_error(exc, answered=answered) from None
         return response
+
+    # Where each protocol the upstream speaks natively is served, below its base_url.
+    native_paths: ClassVar[Mapping[str, str]] = {}
+    # The caller's headers a request passed through takes on (its protocol's version...).
+    passed_on_headers: ClassVar[tuple[str, ...]] = ()
+
+    def headers(self) -> dict[str, str]:
+        """Return the headers of every request to the upstream (its key, its protocol's)."""
+        return {"Content-Type": "application/json"}
+
+    def relay(self, call: NativeCall, target: RouteTarget) -> NativeAnswer:
+        """Pass ``call`` through whole: the caller's body, the route's name for its model."""
+        response = self._post_native(call, target, stream=False)
+        return NativeAnswer(body=response.content or b"", decoded=self.read_json(response))
+
+    def relay_stream(self, call: NativeCall, target: RouteTarget) -> Iterator[bytes]:
+        """Pass ``call`` through streamed: yield the upstream's bytes as each read brings them."""
+        response = self._post_native(call, target, stream=True)
+        complete = False
+        try:
+            yield from received_chunks(response)
+            complete = True
+        finally:
+            # Also when the caller went away: closing drops the connection, which stops
+            # the upstream generating (and charging for) tokens nobody will read.
+            release_response(response, complete=complete)
+
+    def _post_native(
+        self, call: NativeCall, target: RouteTarget, *, stream: bool
+    ) -> UpstreamResponse:
+        base = (self.upstream.base_url or "").rstrip("/")
+        headers = self.headers()
+        for name in self.passed_on_headers:
+            if value := call.headers.get(name):
+                headers[name] = value
+        return self.post(
+            prepared_url(base + self.native_paths[call.api]),
+            {**call.body, "model": target.upstream_model},
+            headers,
+            stream=stream,
+            public_model=str(call.body.get("model")),
+        )
 
     def read_json(self, response: UpstreamResponse) -> dict[str, Any]:
         """Decode a whole JSON body; raise UpstreamError when it is not one."""

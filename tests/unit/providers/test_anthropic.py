@@ -8,14 +8,14 @@ import time
 import pytest
 
 from app.providers.anthropic import AnthropicAdapter, messages_request
-from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.base import ChatRequest, NativeCall, RouteTarget, UpstreamConfig
 from app.providers.errors import (
     UpstreamError,
     UpstreamMisconfigured,
     UpstreamRejected,
     UpstreamUnavailable,
 )
-from tests.upstream_server import Reply, answered_chunks
+from tests.upstream_server import Reply, answered_chunks, load_transcript
 
 MODEL = "claude-sonnet-4-5-20250929"
 TARGET = RouteTarget(
@@ -465,3 +465,40 @@ def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
     assert (chunks[5].choices, chunks[5].usage) == ([], None)
     assert joined(chunks, "content") == "The capital of France is Paris."
     assert chunks[-1].usage is not None
+
+
+def test_a_message_passed_through_keeps_the_callers_body_and_headers(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_message"))
+    body = {
+        "model": "claude",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "context_management": {"edits": []},
+    }
+    call = NativeCall(
+        api="messages",
+        body=body,
+        headers={"anthropic-version": "2099-01-01", "anthropic-beta": "b1,b2", "x-app": "cli"},
+    )
+
+    answer = adapter.relay(call, RouteTarget(upstream_model="claude-test-1"))
+
+    (exchange,) = replay_server.exchanges
+    assert exchange.path == "/claude/v1/messages"
+    assert exchange.json == {**body, "model": "claude-test-1"}
+    assert exchange.headers["anthropic-version"] == "2099-01-01"
+    assert exchange.headers["anthropic-beta"] == "b1,b2"
+    assert exchange.headers["x-api-key"] == KEY and "x-app" not in exchange.headers
+    assert answer.body == load_transcript("anthropic_message")[1]
+    assert answer.decoded["usage"]["cache_creation_input_tokens"] >= 0
+
+
+def test_a_stream_passed_through_arrives_byte_for_byte(adapter, replay_server):
+    replay_server.script("/claude", Reply("anthropic_stream_thinking", write_size=9))
+    call = NativeCall(api="messages", body={"model": "claude", "stream": True}, stream=True)
+
+    received = b"".join(adapter.relay_stream(call, RouteTarget(upstream_model="claude-test-1")))
+
+    # The thinking block's signature and every event, exactly as the upstream sent them.
+    assert received == load_transcript("anthropic_stream_thinking")[1]
+    assert b"signature_delta" in received

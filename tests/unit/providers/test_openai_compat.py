@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from app.providers.base import ChatRequest, RouteTarget, UpstreamConfig
+from app.providers.base import ChatRequest, NativeCall, RouteTarget, UpstreamConfig
 from app.providers.errors import (
     UpstreamError,
     UpstreamMisconfigured,
@@ -543,3 +543,17 @@ def test_the_last_chunk_before_the_upstream_goes_silent_says_no_more(adapter, re
 
     assert streamed_text(chunks[:3]) == "Hello!"
     assert chunks[2].more is False
+
+
+def test_a_responses_request_passes_through_to_the_upstreams_responses(adapter, replay_server):
+    replay_server.script("/third", Reply("openai_chat"))
+    body = {"model": "public", "input": "Hi", "store": False, "include": ["x"]}
+
+    answer = adapter.relay(
+        NativeCall(api="responses", body=body), RouteTarget(upstream_model="gpt-test")
+    )
+
+    (exchange,) = replay_server.exchanges
+    assert exchange.path.endswith("/v1/responses")
+    assert exchange.json == {**body, "model": "gpt-test"}
+    assert answer.body == load_transcript("openai_chat")[1]
