@@ -33,7 +33,7 @@ class DriverForm:
 
     text: str
     compiled: Compiled
-    # Whether the driver takes the parameters in the order of the text's placeholders
+    # Whether the driver takes the parameters in the order of the text's parameter markers
     # (``names``), or by name.
     positional: bool
     # What turns a parameter's value into what the driver sends (money into units...).
@@ -49,7 +49,7 @@ class DriverForm:
     # for a textual statement, which names no columns: its rows are returned as read.
     result_processors: tuple[Callable[[Any], Any] | None, ...]
     row_type: type[tuple] | None
-    # The placeholders' names in the text (in their order when positional) and, per
+    # The parameter markers' names in the text (in their order when positional) and, per
     # name: the parameter key it takes, whether a value is required, the value the
     # statement itself carries, its processor. None when some parameter is not a plain
     # value (an expanding IN, a callable): construct_params works them out every time.
@@ -151,7 +151,7 @@ def driver_form(
 def _parameter_slots(
     compiled: Compiled, processors: dict[str, Callable[[Any], Any]]
 ) -> tuple[tuple[str, ...], tuple | None]:
-    """Return the placeholders' names in the text and their slots (see DriverForm)."""
+    """Return the parameter markers' names in the text and their slots (see DriverForm)."""
     binds = {name: bind for bind, name in compiled.bind_names.items()}
     names = tuple(compiled.positiontup) if compiled.positional else tuple(binds)
     plain = not compiled.escaped_bind_names and all(
@@ -246,9 +246,9 @@ def execute_prepared(
         driver_cursor(connection, f"PREPARE {form.name} AS {form.text}").close()
         prepared.add(form.name)
     arguments = form.arguments(parameters)
-    placeholders = f"({', '.join(['%s'] * len(arguments))})" if arguments else ""
+    markers = f"({', '.join(['%s'] * len(arguments))})" if arguments else ""
     try:
-        cursor = driver_cursor(connection, f"EXECUTE {form.name}{placeholders}", arguments)
+        cursor = driver_cursor(connection, f"EXECUTE {form.name}{markers}", arguments)
     except exc.DBAPIError as error:
         if getattr(error.orig, "pgcode", None) != UNKNOWN_PREPARED_STATEMENT:
             raise
