@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -18,9 +18,8 @@ from typing import Any
 from sqlalchemy import insert
 
 from app.auth.keys import Caller
-from app.catalog.pricing import Pricing, affordable_completion_tokens, cost_of, worst_case_cost
+from app.catalog.pricing import Pricing, cost_of, worst_case_cost
 from app.catalog.registry import Model
-from app.credits.errors import InsufficientCredits
 from app.credits.ledger import (
     HeldCredit,
     MonthlyLimitShortfall,
@@ -31,11 +30,15 @@ from app.credits.ledger import (
     settle_hold,
 )
 from app.database import BoundStatement, utcnow
-from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.generations.live import live_holds
 from app.generations.metering import Meter, RelayMeter, StreamMeter
 from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
+from app.generations.refusals import (
+    fit_request_to_model,
+    insufficient_credits,
+    prompt_tokens_within_context,
+)
 from app.observability.trace import RequestTrace, current_trace
 from app.providers.base import (
     ChatRequest,
@@ -53,7 +56,6 @@ from app.providers.router import (
     stream_on_routes,
 )
 
-TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 # Built once: a statement costs more CPU to construct than to execute.
 _INSERT_GENERATION = insert(GenerationRecord.__table__)
 
@@ -80,7 +82,7 @@ class Generation:
     # The request's trace: its id, the upstream calls and the first token's time.
     trace: RequestTrace = field(default_factory=current_trace)
     # While it streams: what it delivered, which the worker records as its progress.
-    meter: StreamMeter | None = None
+    meter: Meter | None = None
     # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES).
     api: str = CHAT
 
@@ -112,7 +114,7 @@ def start_generation(
     route = model.routes[0]
     prompt_tokens, exact = route.adapter.prompt_token_bound(request, route.target), False
     if prompt_tokens > model.context_length:
-        prompt_tokens, exact = _prompt_tokens_within_context(request, model), True
+        prompt_tokens, exact = prompt_tokens_within_context(request, model), True
     generation_id = generation_id or new_generation_id()
     hold = HoldTerms(caller, generation_id, hold_ttl_seconds)
     held = _hold_worst_case(hold, model, request, prompt_tokens)
@@ -133,23 +135,6 @@ def start_generation(
     )
     live_holds.track(held.id, generation)
     return generation
-
-
-def _prompt_tokens_within_context(request: ChatRequest, model: Model) -> int:
-    """Count the prompt's tokens; raise ContextLengthExceeded past the context length.
-
-    Counting stops as soon as the count passes the context length, so a huge prompt
-    costs no more to refuse than one just too long.
-    """
-    route = model.routes[0]
-    tokens = route.adapter.count_prompt_tokens(request, route.target, limit=model.context_length)
-    if tokens > model.context_length:
-        raise ContextLengthExceeded(
-            f"The prompt is longer than model '{model.id}' takes: it has more than "
-            f"{model.context_length} tokens.",
-            param="messages",
-        )
-    return tokens
 
 
 @dataclass(frozen=True)
@@ -185,77 +170,6 @@ def _hold_worst_case(
         key_digest=terms.caller.key_digest,
         hold_id=terms.hold_id,
     )
-
-
-def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
-    """Refuse what the model cannot take; drop tool fields a model without tools ignores."""
-    if "vision" not in model.capabilities:
-        _refuse_images(request, model)
-    requested_output = request.max_output_tokens
-    if requested_output is not None and requested_output > model.max_output_tokens:
-        param = (
-            "max_completion_tokens" if "max_completion_tokens" in request.params else "max_tokens"
-        )
-        raise OutputLimitExceeded(
-            f"{param} is too large: {requested_output}. Model '{model.id}' produces at most "
-            f"{model.max_output_tokens} completion tokens.",
-            param=param,
-        )
-    if "tools" not in model.capabilities and any(p in request.params for p in TOOL_PARAMS):
-        params = {k: v for k, v in request.params.items() if k not in TOOL_PARAMS}
-        request = replace(request, params=params)
-    return request
-
-
-def _refuse_images(request: ChatRequest, model: Model) -> None:
-    for i, message in enumerate(request.messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if part.get("type") == "image_url":
-                raise UnsupportedContent(
-                    f"Model '{model.id}' does not accept image input.",
-                    param=f"messages[{i}].content[{j}]",
-                )
-
-
-def insufficient_credits(
-    shortfall: Shortfall | MonthlyLimitShortfall,
-    *,
-    model: Model,
-    request: ChatRequest,
-    prompt_tokens: int,
-) -> InsufficientCredits:
-    """Explain a refused hold, with the largest max_tokens the balance (or key) would cover."""
-    affordable = (
-        affordable_completion_tokens(
-            budget=shortfall.available, prompt_tokens=prompt_tokens, pricing=model.pricing
-        )
-        // request.choice_count
-    )
-    if isinstance(shortfall, MonthlyLimitShortfall):
-        return InsufficientCredits(_monthly_limit_message(shortfall, affordable))
-    message = (
-        f"Insufficient credits: this request may cost up to ${shortfall.requested:f} "
-        f"but the available balance is ${max(shortfall.available, Decimal(0)):f}."
-    )
-    if affordable > 0:
-        message += f" Set max_tokens to at most {affordable}, or add credits."
-    else:
-        message += " Add credits to continue."
-    return InsufficientCredits(message)
-
-
-def _monthly_limit_message(shortfall: MonthlyLimitShortfall, affordable: int) -> str:
-    message = (
-        f"Insufficient credits under this API key's monthly limit of "
-        f"${shortfall.monthly_limit:f}: this request may cost up to ${shortfall.requested:f} "
-        f"but the key has ${shortfall.available:f} left this month (UTC)."
-    )
-    if affordable > 0:
-        return message + f" Set max_tokens to at most {affordable}, or raise the key's limit."
-    return message + " Raise the key's limit or wait for the next month."
 
 
 @dataclass(frozen=True)

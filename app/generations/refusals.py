@@ -1,0 +1,106 @@
+"""Why a request cannot run as asked: what its model cannot take, what its balance cannot cover.
+
+Checked before anything is held or run; each refusal says what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+
+from app.catalog.pricing import affordable_completion_tokens
+from app.catalog.registry import Model
+from app.credits.errors import InsufficientCredits
+from app.credits.ledger import MonthlyLimitShortfall, Shortfall
+from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
+from app.providers.base import ChatRequest
+
+TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+def prompt_tokens_within_context(request: ChatRequest, model: Model) -> int:
+    """Count the prompt's tokens; raise ContextLengthExceeded past the context length.
+
+    Counting stops as soon as the count passes the context length, so a huge prompt
+    costs no more to refuse than one just too long.
+    """
+    route = model.routes[0]
+    tokens = route.adapter.count_prompt_tokens(request, route.target, limit=model.context_length)
+    if tokens > model.context_length:
+        raise ContextLengthExceeded(
+            f"The prompt is longer than model '{model.id}' takes: it has more than "
+            f"{model.context_length} tokens.",
+            param="messages",
+        )
+    return tokens
+
+
+def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
+    """Refuse what the model cannot take; drop tool fields a model without tools ignores."""
+    if "vision" not in model.capabilities:
+        _refuse_images(request, model)
+    requested_output = request.max_output_tokens
+    if requested_output is not None and requested_output > model.max_output_tokens:
+        param = (
+            "max_completion_tokens" if "max_completion_tokens" in request.params else "max_tokens"
+        )
+        raise OutputLimitExceeded(
+            f"{param} is too large: {requested_output}. Model '{model.id}' produces at most "
+            f"{model.max_output_tokens} completion tokens.",
+            param=param,
+        )
+    if "tools" not in model.capabilities and any(p in request.params for p in TOOL_PARAMS):
+        params = {k: v for k, v in request.params.items() if k not in TOOL_PARAMS}
+        request = replace(request, params=params)
+    return request
+
+
+def _refuse_images(request: ChatRequest, model: Model) -> None:
+    for i, message in enumerate(request.messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if part.get("type") == "image_url":
+                raise UnsupportedContent(
+                    f"Model '{model.id}' does not accept image input.",
+                    param=f"messages[{i}].content[{j}]",
+                )
+
+
+def insufficient_credits(
+    shortfall: Shortfall | MonthlyLimitShortfall,
+    *,
+    model: Model,
+    request: ChatRequest,
+    prompt_tokens: int,
+) -> InsufficientCredits:
+    """Explain a refused hold, with the largest max_tokens the balance (or key) would cover."""
+    affordable = (
+        affordable_completion_tokens(
+            budget=shortfall.available, prompt_tokens=prompt_tokens, pricing=model.pricing
+        )
+        // request.choice_count
+    )
+    if isinstance(shortfall, MonthlyLimitShortfall):
+        return InsufficientCredits(_monthly_limit_message(shortfall, affordable))
+    message = (
+        f"Insufficient credits: this request may cost up to ${shortfall.requested:f} "
+        f"but the available balance is ${max(shortfall.available, Decimal(0)):f}."
+    )
+    if affordable > 0:
+        message += f" Set max_tokens to at most {affordable}, or add credits."
+    else:
+        message += " Add credits to continue."
+    return InsufficientCredits(message)
+
+
+def _monthly_limit_message(shortfall: MonthlyLimitShortfall, affordable: int) -> str:
+    message = (
+        f"Insufficient credits under this API key's monthly limit of "
+        f"${shortfall.monthly_limit:f}: this request may cost up to ${shortfall.requested:f} "
+        f"but the key has ${shortfall.available:f} left this month (UTC)."
+    )
+    if affordable > 0:
+        return message + f" Set max_tokens to at most {affordable}, or raise the key's limit."
+    return message + " Raise the key's limit or wait for the next month."
