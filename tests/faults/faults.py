@@ -220,28 +220,23 @@ def terminate_backends(database_url: str) -> int:
     engine = sqlalchemy.create_engine(database_url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
-            pids = (
-                connection.execute(
-                    sqlalchemy.text(
-                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
-                        "AND pg_terminate_backend(pid)"
-                    )
-                )
-                .scalars()
-                .all()
-            )
+            pids = list(connection.execute(OTHER_BACKENDS).scalars())
+            # A query of its own: in one statement, nothing says which condition runs first.
+            connection.execute(TERMINATE, {"pids": pids})
             # The server ends them asynchronously; new ones may open meanwhile.
             deadline = time.monotonic() + 5
             while (
-                time.monotonic() < deadline
-                and pids
-                and connection.execute(
-                    sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(:pids)"),
-                    {"pids": list(pids)},
-                ).scalar()
+                time.monotonic() < deadline and connection.execute(ALIVE, {"pids": pids}).scalar()
             ):
                 time.sleep(0.01)
     finally:
         engine.dispose()
     return len(pids)
+
+
+OTHER_BACKENDS = sqlalchemy.text(
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+)
+TERMINATE = sqlalchemy.text("SELECT pg_terminate_backend(pid) FROM unnest(:pids) AS pid")
+ALIVE = sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(:pids)")

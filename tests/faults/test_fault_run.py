@@ -149,6 +149,12 @@ def summary(load: Load, faults: Faults) -> str:
     )
     lines = ["faults:", *faults.log, "attempts:"]
     lines += [f"  {count:4d} {what}" for what, count in sorted(outcomes.items())]
+    long_broken = [
+        a
+        for a in load.attempts
+        if a.streamed and a.outcome != "done" and a.delivered_seconds > checks.BILLED_AFTER_SECONDS
+    ]
+    lines.append(f"streams broken after {checks.BILLED_AFTER_SECONDS}s of text: {len(long_broken)}")
     return "\n".join(lines)
 
 
