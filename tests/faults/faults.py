@@ -33,6 +33,9 @@ TERMINATE_OPEN, TERMINATE_QUIET = "terminate_open", "terminate_quiet"
 FAULT_WINDOW = (0.1, 0.8)
 # A stream this long in delivering text must be billed if its worker dies (check 5).
 LONG_STREAM_SECONDS = 1.6
+# How long a kill waits at most for two such streams to be in flight, and a quiet
+# termination for two streams of any length.
+KILL_WAIT_SECONDS = 5
 UPSTREAM_STOP_SECONDS = 3.0
 REDIS_PAUSE_MS = 3000
 # A restart waits this long at most for the old master, which lets streams finish.
@@ -163,7 +166,7 @@ class Faults:
 
     def kill_worker(self) -> str:
         """SIGKILL the worker serving the most long streams (waiting a little for some)."""
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
         while time.monotonic() < deadline and len(self.load.long_streams(LONG_STREAM_SECONDS)) < 2:
             time.sleep(0.05)
         ports = {a.client_port for a in self.load.long_streams(LONG_STREAM_SECONDS)}
@@ -201,6 +204,9 @@ class Faults:
 
     def terminate_quietly(self) -> str:
         """Hold new requests back, end the connections, let the streams in flight settle."""
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while time.monotonic() < deadline and self.load.streams_in_flight() < 2:
+            time.sleep(0.05)
         self.load.admit.clear()
         try:
             # Requests admitted just before have placed their holds by then.
@@ -238,5 +244,10 @@ OTHER_BACKENDS = sqlalchemy.text(
     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
     "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
 )
-TERMINATE = sqlalchemy.text("SELECT pg_terminate_backend(pid) FROM unnest(:pids) AS pid")
-ALIVE = sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(:pids)")
+# Typed: an empty list says nothing of its elements' type.
+TERMINATE = sqlalchemy.text(
+    "SELECT pg_terminate_backend(pid) FROM unnest(CAST(:pids AS integer[])) AS pid"
+)
+ALIVE = sqlalchemy.text(
+    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(CAST(:pids AS integer[]))"
+)

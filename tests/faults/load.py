@@ -147,7 +147,7 @@ class Load:
         draw = rng.random()
         tools = rng.random() < 0.2
         if slow or draw < 0.25:
-            slow = slow or rng.random() < 0.3
+            slow = slow or rng.random() < 0.15
             refused = self.keyed_whole(caller, rng, key, tools=tools, slow=slow).status != 200
         elif draw < 0.45:
             refused = self.whole(caller, whole_body(rng, tools=tools), READ_TIMEOUT).status != 200

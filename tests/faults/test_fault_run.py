@@ -50,8 +50,9 @@ from tests.faults.faults import Faults, Gateway, fault_schedule
 from tests.faults.load import Attempt, Caller, Load, stream_body, whole_body
 
 HOLD_TTL_SECONDS = 4
-CALLER_THREADS = 8
 RICH, POOR = Decimal("20"), Decimal("0.05")
+# Each caller's account, by index among the run's accounts: one caller is nearly broke.
+CALLER_ACCOUNTS = (0, 1, 2, 0, 1, 2, 3, 0)
 # The callers that start with an answer slower than they wait for (their retries come
 # past the TTL while it still runs); they call from rich accounts.
 FIRST_SLOW = (0, 5)
@@ -77,10 +78,10 @@ def run_load(load: Load, faults: Faults, schedule: list, callers: list[Caller], 
     threads = [
         threading.Thread(
             target=load.run_caller,
-            args=(callers[index % len(callers)], index, index in FIRST_SLOW),
+            args=(callers[account], index, index in FIRST_SLOW),
             daemon=True,
         )
-        for index in range(CALLER_THREADS)
+        for index, account in enumerate(CALLER_ACCOUNTS)
     ]
     for thread in threads:
         thread.start()
