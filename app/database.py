@@ -935,7 +935,7 @@ def _on_driver(connection: Connection, text: str, arguments: Any = None) -> Any:
     """Execute ``text`` on a cursor of ``connection``'s driver; return the cursor.
 
     A failure is raised as SQLAlchemy raises it (an IntegrityError is one), the
-    connection invalidated if it was lost.
+    connection invalidated if it was lost, and the pool's older connections with it.
     """
     dialect = connection.dialect
     dbapi_connection = connection.connection.dbapi_connection
@@ -948,6 +948,11 @@ def _on_driver(connection: Connection, text: str, arguments: Any = None) -> Any:
     except dialect.loaded_dbapi.Error as error:
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
+            # As SQLAlchemy's own execution does on a disconnect: the pool's connections
+            # opened before this one are replaced when next checked out, since what lost
+            # one (a server restart, pg_terminate_backend) ends the idle ones too; a
+            # statement run again must not meet another.
+            connection.engine.pool._invalidate(connection.connection, error)
             connection.invalidate(error)
         raise exc.DBAPIError.instance(
             text, arguments, error, dialect.loaded_dbapi.Error,

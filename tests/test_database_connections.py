@@ -126,6 +126,24 @@ def test_a_connection_lost_between_two_close_uses_costs_no_statement(
     assert not set(after) & set(before)
 
 
+def test_a_statement_run_again_does_not_meet_another_lost_connection(
+    postgres_url, drop_connections
+):
+    # A server that ends its connections (a restart, pg_terminate_backend) ends the
+    # pool's idle ones too: the second try of a statement that met one is not given
+    # another, as the first was not pinged.
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    engine = app.extensions[AUTOCOMMIT_ENGINE]
+    opened = [engine.connect() for _ in range(2)]
+    for connection in opened:
+        connection.close()  # two idle in the pool, neither kept
+
+    assert drop_connections() >= 2
+
+    with app.app_context():
+        assert execute_alone(sqlalchemy.text("SELECT 1"), {})[0][0] == 1
+
+
 def backend_pids(app) -> tuple[int, int]:
     """The server processes of a statement run alone and of one run in the session."""
     alone = execute_alone(sqlalchemy.text("SELECT pg_backend_pid()"), {})[0][0]
