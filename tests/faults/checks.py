@@ -7,6 +7,7 @@ every connection it had on PostgreSQL.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -191,8 +192,11 @@ def no_open_holds(remaining: list[str]) -> list[str]:
     return [f"hold {hold_id} still open" for hold_id in remaining]
 
 
-def errors_in_envelope(attempts: list[Attempt]) -> list[str]:
-    """Check 7: every error is the envelope, and none is the server's own failure."""
+def errors_in_envelope(attempts: list[Attempt], excused: Callable[[Attempt], bool]) -> list[str]:
+    """Check 7: every error is the envelope, and none is the server's own failure.
+
+    A 500 that ``excused`` accepts is none: see ``killed_in_use``.
+    """
     problems = []
     for attempt in attempts:
         errors = list(attempt.sse_errors)
@@ -202,9 +206,49 @@ def errors_in_envelope(attempts: list[Attempt]) -> list[str]:
         for error in errors:
             if not is_envelope(error):
                 problems.append(f"{subject}: not the envelope: {error!r}")
-            elif error["error"]["code"] == "server_error" or (attempt.status or 0) >= 500:
+            elif is_server_error(attempt, error) and not excused(attempt):
                 problems.append(f"{subject}: {error['error']}")
     return problems
+
+
+def is_server_error(attempt: Attempt, error: dict) -> bool:
+    """Tell whether ``error`` is the server's own failure (a 5xx, or one in a stream)."""
+    return error["error"]["code"] == "server_error" or (attempt.status or 0) >= 500
+
+
+def killed_in_use(logs: str, terminations: list[tuple[float, float]]) -> Callable[[Attempt], bool]:
+    """Return whether a 500 came of a connection the run terminated while the request ran.
+
+    Statements read in the request's session are not run again (only those run alone
+    and transactions are): one whose connection is ended under it, between the ping
+    before its use and its answer, fails its request. A connection that died idle never
+    may, nor may a stream's settlement (a server error in a stream), nor a request that
+    began after the connections were terminated.
+    """
+
+    def excused(attempt: Attempt) -> bool:
+        ended = attempt.ended_at if attempt.ended_at is not None else float("inf")
+        overlapped = any(attempt.started <= end and ended >= begin for begin, end in terminations)
+        return (
+            attempt.status == 500
+            and overlapped
+            and ADMIN_TERMINATION in failure_in_log(logs, attempt.request_id)
+        )
+
+    return excused
+
+
+ADMIN_TERMINATION = "terminating connection due to administrator command"
+
+
+def failure_in_log(logs: str, request_id: str) -> str:
+    """Return the traceback gunicorn's log has for ``request_id``'s unhandled error."""
+    start = logs.find(f"[{request_id}] unhandled error while serving a request")
+    if start < 0:
+        return ""
+    # The traceback runs until the next line of the log, which starts with its date.
+    following = re.search(r"\n\d{4}-\d\d-\d\d ", logs[start:])
+    return logs[start : start + following.start()] if following else logs[start:]
 
 
 def is_envelope(body: Any) -> bool:

@@ -144,6 +144,8 @@ class Faults:
     database_url: str
     log: list[str] = field(default_factory=list)
     last_done_at: float = 0.0
+    # When connections were terminated under load: (began, ended), monotonic.
+    open_terminations: list[tuple[float, float]] = field(default_factory=list)
 
     def run(self, schedule: list[Fault], started: float) -> None:
         """Do each fault at its time (or as soon as the one before it is done)."""
@@ -200,7 +202,10 @@ class Faults:
 
     def terminate(self) -> str:
         """End every server connection of the gateway, in use or idle."""
-        return f"terminated {terminate_backends(self.database_url)} connections"
+        began = time.monotonic()
+        terminated = terminate_backends(self.database_url)
+        self.open_terminations.append((began, time.monotonic()))
+        return f"terminated {terminated} connections"
 
     def terminate_quietly(self) -> str:
         """Hold new requests back, end the connections, let the streams in flight settle."""

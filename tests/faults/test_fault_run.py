@@ -142,8 +142,8 @@ def wait_for_holds(database_url: str, account_ids: list[int]) -> list[str]:
     return remaining
 
 
-def summary(load: Load, faults: Faults) -> str:
-    """Say what the run did: its faults, and its attempts by kind and outcome."""
+def summary(load: Load, faults: Faults, excused) -> str:
+    """Say what the run did: its faults, its attempts by kind and outcome, excused 500s."""
     outcomes = Counter(
         f"{'stream' if a.streamed else 'keyed' if a.key else 'whole'} {a.status} {a.outcome}"
         for a in load.attempts
@@ -156,6 +156,11 @@ def summary(load: Load, faults: Faults) -> str:
         if a.streamed and a.outcome != "done" and a.delivered_seconds > checks.BILLED_AFTER_SECONDS
     ]
     lines.append(f"streams broken after {checks.BILLED_AFTER_SECONDS}s of text: {len(long_broken)}")
+    lines += [
+        f"500 of a connection terminated in use: {a.request_id} ({checks.describe(a)})"
+        for a in load.attempts
+        if excused(a)
+    ]
     return "\n".join(lines)
 
 
@@ -196,6 +201,7 @@ def test_fault_run(
         load.stop.clear()
         alive = liveness(load, callers[0])
         remaining = wait_for_holds(database_url, account_ids)
+    excused = checks.killed_in_use(gateway.logs(), faults.open_terminations)
     books = checks.read_books(database_url, account_ids)
     attempts = load.attempts
     failed = checks.run_checks(
@@ -206,11 +212,11 @@ def test_fault_run(
             ("4 (keys charged once)", lambda: checks.keys_charged_once(books, attempts)),
             ("5 (broken streams billed)", lambda: checks.broken_streams_billed(books, attempts)),
             ("6 (no open holds)", lambda: checks.no_open_holds(remaining)),
-            ("7 (error envelopes)", lambda: checks.errors_in_envelope(attempts)),
+            ("7 (error envelopes)", lambda: checks.errors_in_envelope(attempts, excused)),
             ("8 (liveness)", lambda: alive),
         ]
     )
-    run_summary = summary(load, faults)
+    run_summary = summary(load, faults, excused)
     print(run_summary)
     if failed:
         pytest.fail(failure_report(fault_seed, backend, failed, run_summary, logs), pytrace=False)
