@@ -31,8 +31,9 @@ KILL, PAUSE_REDIS, STOP_UPSTREAM, RESTART = "kill_worker", "pause_redis", "stop_
 TERMINATE_OPEN, TERMINATE_QUIET = "terminate_open", "terminate_quiet"
 # Faults happen within this part of the run, so that the last one is followed by load.
 FAULT_WINDOW = (0.1, 0.8)
-# A stream this long in delivering text must be billed if its worker dies (check 5).
-LONG_STREAM_SECONDS = 1.6
+# A kill looks for streams delivering text this long: well past the 1.5 s after which
+# check 5 wants a broken stream billed, so that a kill is sure to test it.
+LONG_STREAM_SECONDS = 2.0
 # How long a kill waits at most for two such streams to be in flight, and a quiet
 # termination for two streams of any length.
 KILL_WAIT_SECONDS = 5

@@ -19,7 +19,10 @@ Once the load stops and the holds' TTL has passed, the run's accounts must show:
 4. every Idempotency-Key charged at most once, its claim naming the charged generation;
 5. every stream that delivered text for more than 1.5 s before it broke, charged;
 6. no hold still open;
-7. every error in the envelope, in a status or an SSE event, and none a server error;
+7. every error in the envelope, in a status or an SSE event, and none a server error
+   but a 500 of a request running while its connection was terminated under it (reads
+   in a request's session are not run again; a connection that died idle never fails
+   a request);
 8. right after the faults, fresh requests all answered.
 
 A documented limit, which check 5 leaves room for: a worker records its streams'
