@@ -22,6 +22,7 @@ from app.database import (
     KEPT_CONNECTIONS,
     PREPARED_STATEMENTS_LOST,
     execute_alone,
+    write_transaction,
 )
 from app.extensions import db
 from app.generations.models import Generation
@@ -142,6 +143,22 @@ def test_a_statement_run_again_does_not_meet_another_lost_connection(
 
     with app.app_context():
         assert execute_alone(sqlalchemy.text("SELECT 1"), {})[0][0] == 1
+
+
+def test_a_transaction_whose_connection_is_lost_before_its_commit_runs_again(postgres_url):
+    # Ended under it, after the ping before its use: nothing was applied, so it runs again.
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    backends = []
+
+    def work(connection: sqlalchemy.Connection) -> int:
+        backends.append(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+        if len(backends) == 1:
+            connection.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+        return len(backends)
+
+    with app.app_context():
+        assert write_transaction(work) == 2
+    assert backends[0] != backends[1]
 
 
 def backend_pids(app) -> tuple[int, int]:
