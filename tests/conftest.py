@@ -141,10 +141,15 @@ class LiveServer:
 
 @contextmanager
 def running_server(
-    database_url: str, log_dir: Path, *, catalog: str = TEST_CATALOG, **env: str
+    database_url: str,
+    log_dir: Path,
+    *,
+    catalog: str = TEST_CATALOG,
+    port: int | None = None,
+    **env: str,
 ) -> Iterator[LiveServer]:
-    """Run gunicorn as the Procfile does, on a free port; ``env`` adds variables."""
-    port = _free_port()
+    """Run gunicorn as the Procfile does, on ``port`` or a free one; ``env`` adds variables."""
+    port = port or _free_port()
     environment = {
         **os.environ,
         "APP_ENV": "testing",

@@ -21,6 +21,7 @@ from app.database import (
     KEPT_CONNECTIONS,
     PREPARED_STATEMENTS_LOST,
     execute_alone,
+    write_transaction,
 )
 from app.database import connections as app_database
 from app.extensions import db
@@ -124,6 +125,40 @@ def test_a_connection_lost_between_two_close_uses_costs_no_statement(
         after = backend_pids(app)
     # Both were replaced, and nothing failed.
     assert not set(after) & set(before)
+
+
+def test_a_statement_run_again_does_not_meet_another_lost_connection(
+    postgres_url, drop_connections
+):
+    # A server that ends its connections (a restart, pg_terminate_backend) ends the
+    # pool's idle ones too: the second try of a statement that met one is not given
+    # another, as the first was not pinged.
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    engine = app.extensions[AUTOCOMMIT_ENGINE]
+    opened = [engine.connect() for _ in range(2)]
+    for connection in opened:
+        connection.close()  # two idle in the pool, neither kept
+
+    assert drop_connections() >= 2
+
+    with app.app_context():
+        assert execute_alone(sqlalchemy.text("SELECT 1"), {})[0][0] == 1
+
+
+def test_a_transaction_whose_connection_is_lost_before_its_commit_runs_again(postgres_url):
+    # Ended under it, after the ping before its use: nothing was applied, so it runs again.
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    backends = []
+
+    def work(connection: sqlalchemy.Connection) -> int:
+        backends.append(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+        if len(backends) == 1:
+            connection.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+        return len(backends)
+
+    with app.app_context():
+        assert write_transaction(work) == 2
+    assert backends[0] != backends[1]
 
 
 def backend_pids(app) -> tuple[int, int]:

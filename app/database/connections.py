@@ -165,9 +165,7 @@ def _transaction(work: Callable[[Connection], Written]) -> Written:
         except exc.DBAPIError as error:
             transaction.rollback()
             if error.connection_invalidated:
-                raise StatementsNotSent(
-                    f"the database connection was lost: {error.orig}"
-                ) from error
+                raise StatementsNotSent(error) from error
             raise
         except BaseException:
             transaction.rollback()

@@ -203,7 +203,7 @@ def driver_cursor(connection: Connection, text: str, arguments: Any = None) -> A
     """Execute ``text`` on a cursor of ``connection``'s driver; return the cursor.
 
     A failure is raised as SQLAlchemy raises it (an IntegrityError is one), the
-    connection invalidated if it was lost.
+    connection invalidated if it was lost, and the pool's idle connections with it.
     """
     dialect = connection.dialect
     dbapi_connection = connection.connection.dbapi_connection
@@ -217,6 +217,11 @@ def driver_cursor(connection: Connection, text: str, arguments: Any = None) -> A
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
             connection.invalidate(error)
+            # What lost this one (a server restart, pg_terminate_backend) ended the idle
+            # ones too: the pool starts afresh, its idle connections closed, so that a
+            # statement run again does not meet another. Connections out of the pool
+            # (kept by other statements) are left to fail and be replaced in turn.
+            connection.engine.dispose()
         raise exc.DBAPIError.instance(
             text, arguments, error, dialect.loaded_dbapi.Error,
             connection_invalidated=lost, dialect=dialect,
