@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import Executable, delete, insert, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from app.credits.models import OPEN, Hold
@@ -36,6 +36,14 @@ from app.extensions import db
 from app.generations.models import COMPLETED, Generation, IdempotentRequest
 
 REPLAY_WINDOW = timedelta(hours=24)
+_CLAIM_COLUMNS = (
+    IdempotentRequest.id,
+    IdempotentRequest.body_digest,
+    IdempotentRequest.response,
+    IdempotentRequest.streamed,
+    IdempotentRequest.generation_id,
+    IdempotentRequest.created_at,
+)
 MAX_KEY_LENGTH = 255
 
 
@@ -153,11 +161,13 @@ def claim_key(
         "claim_ttl_seconds": claim_ttl_seconds,
         "new_generation_id": new_generation_id,
     }
-    first = db.session.scalar(
-        select(IdempotentRequest).where(
+    # The claim's columns, not the object: committing expires an object, and reading it
+    # after would cost another round trip.
+    first = db.session.execute(
+        select(*_CLAIM_COLUMNS).where(
             IdempotentRequest.account_id == account_id, IdempotentRequest.key == key
         )
-    )
+    ).first()
     db.session.commit()
     if first is None:  # released between our insert and this read: the retry may go on
         return claim_key(**retry)
@@ -174,7 +184,7 @@ def claim_key(
     return claim_key(**retry)
 
 
-def _raise_unless_abandoned(claim: IdempotentRequest, claim_ttl_seconds: int) -> None:
+def _raise_unless_abandoned(claim: Row, claim_ttl_seconds: int) -> None:
     """Raise unless ``claim``'s request died without charging anything.
 
     The hold is read before the record: a settlement closes the one and writes the other
