@@ -18,6 +18,7 @@ from app.database.connections import (
     write_transaction,
 )
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
+from app.database.notices import ChangeNotices, change_notices
 from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
 
@@ -28,9 +29,11 @@ __all__ = [
     "KEPT_CONNECTIONS",
     "PREPARED_STATEMENTS_LOST",
     "BoundStatement",
+    "ChangeNotices",
     "Money",
     "StatementsNotSent",
     "UTCDateTime",
+    "change_notices",
     "execute_alone",
     "execute_durably",
     "execute_on_driver",

@@ -13,13 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from app.auth import caller_cache
-from app.auth.caller_cache import (
-    ENTRY_SECONDS,
-    RETRY_SECONDS,
-    CallerCache,
-    KeyChangesFile,
-    NotifiedKeyChanges,
-)
+from app.auth.caller_cache import CHANNEL, ENTRY_SECONDS, CallerCache
+from app.database.notices import RETRY_SECONDS, ListenedNotices, NoticesFile
 
 
 class ConnectionLost(Exception):
@@ -79,7 +74,9 @@ def world():
         lookups.append(digest)
         return Caller(key_id=len(lookups), key_digest=digest)
 
-    cache = CallerCache(NotifiedKeyChanges(connect, ConnectionLost, clock=clock), clock=clock)
+    cache = CallerCache(
+        ListenedNotices(connect, ConnectionLost, channel=CHANNEL, clock=clock), clock=clock
+    )
     return cache, listeners, lookups, look_up, clock
 
 
@@ -90,7 +87,7 @@ def test_a_caller_is_looked_up_once_while_no_key_changes(world):
     again = cache.find("d1", look_up)
 
     assert again is first and lookups == ["d1"]
-    assert listeners[0].executed == [f"LISTEN {caller_cache.CHANNEL}"]
+    assert listeners[0].executed == [f"LISTEN {CHANNEL}"]
 
 
 def test_a_notification_forgets_every_caller(world):
@@ -180,7 +177,9 @@ def test_a_failure_to_listen_looks_every_key_up_until_the_next_try(world):
         listeners.append(Listener())
         return listeners[-1]
 
-    cache = CallerCache(NotifiedKeyChanges(connect, ConnectionLost, clock=clock), clock=clock)
+    cache = CallerCache(
+        ListenedNotices(connect, ConnectionLost, channel=CHANNEL, clock=clock), clock=clock
+    )
     cache.find("d1", look_up)
     cache.find("d1", look_up)
     clock.now += RETRY_SECONDS
@@ -210,7 +209,7 @@ def processes(tmp_path):
         lookups.append(digest)
         return Caller(key_id=len(lookups), key_digest=digest)
 
-    return CallerCache(KeyChangesFile(path)), CallerCache(KeyChangesFile(path)), lookups, look_up
+    return CallerCache(NoticesFile(path)), CallerCache(NoticesFile(path)), lookups, look_up
 
 
 def test_on_sqlite_a_change_another_process_made_forgets_at_the_next_request(processes):
@@ -251,9 +250,9 @@ def test_on_sqlite_nothing_is_remembered_while_the_file_cannot_be_read(processes
 
 
 def test_on_sqlite_a_change_that_cannot_be_announced_is_logged(tmp_path, caplog):
-    changes = KeyChangesFile(str(tmp_path / "gone" / "gateway.sqlite3-key-changes"))
+    changes = NoticesFile(str(tmp_path / "gone" / "gateway.sqlite3-key-changes"))
 
     changes.announce()
 
     assert changes.read() is None
-    assert "could not announce a key change" in caplog.text
+    assert "could not announce a change" in caplog.text
