@@ -61,7 +61,9 @@ class ToolSet:
         """Offer one function, under its namespace's name if it has one."""
         name = self.chat_name(tool["name"], namespace)
         if name in self.names:
-            raise InvalidRequest(f"tools must have unique names; {name!r} is used twice.", "tools")
+            raise InvalidRequest(
+                f"tools must have unique names; {name!r} is used twice.", param="tools"
+            )
         function = {"name": name}
         function.update(
             (key, tool[key]) for key in ("description", "parameters", "strict") if key in tool
