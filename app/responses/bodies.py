@@ -14,7 +14,7 @@ from app.errors import APIError
 from app.providers.base import Usage
 from app.responses.ids import ItemIds
 from app.responses.schemas import ResponseRequest
-from app.sse import Framing, typed_event
+from app.sse import Framing, typed_events
 
 COMPLETED, INCOMPLETE, FAILED, IN_PROGRESS = "completed", "incomplete", "failed", "in_progress"
 # A chat finish reason that cuts the answer short, as the Response's incomplete reason.
@@ -168,16 +168,21 @@ class EventWriter:
         self.events: list[dict[str, Any]] = []
         self.output: list[dict[str, Any]] = []
         self.sequence = 0
-        # The open item, and the pieces of its text (or arguments) delivered so far.
+        # The open item (its kind, id and output index), and the pieces of its text (or
+        # arguments) delivered so far.
         self.open: dict[str, Any] | None = None
+        self.open_kind: str | None = None
+        self.open_id = ""
         self.pieces: list[str] = []
+
+    def number(self) -> int:
+        """Return the next sequence number."""
+        self.sequence += 1
+        return self.sequence - 1
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append an event of ``kind`` with the next sequence number."""
-        fields["type"] = kind
-        fields["sequence_number"] = self.sequence
-        self.sequence += 1
-        self.events.append(fields)
+        self.events.append({"type": kind, "sequence_number": self.number(), **fields})
 
     def start(self) -> None:
         """Announce the response: created, then in progress."""
@@ -187,17 +192,20 @@ class EventWriter:
 
     def text(self, delta: str) -> None:
         """Deliver answer text, in the open message or a new one."""
-        if self.open is None or self.open["type"] != "message":
+        if self.open_kind != "message":
             item_id = self.draft.item_ids.next("msg")
             self._open({"id": item_id, "type": "message", "status": IN_PROGRESS,
                         "role": "assistant", "content": []})  # fmt: skip
             self._item_event("response.content_part.added", content_index=0, part=text_part(""))
         self.pieces.append(delta)
-        self._item_event("response.output_text.delta", content_index=0, delta=delta, logprobs=[])
+        # The one event of every token: written out here, without a helper's calls.
+        self.events.append({"type": "response.output_text.delta", "sequence_number": self.number(),
+                            "item_id": self.open_id, "output_index": len(self.output),
+                            "content_index": 0, "delta": delta, "logprobs": []})  # fmt: skip
 
     def reasoning(self, delta: str) -> None:
         """Deliver reasoning text, as the summary of the open reasoning item or a new one."""
-        if self.open is None or self.open["type"] != "reasoning":
+        if self.open_kind != "reasoning":
             self._open({"id": self.draft.item_ids.next("rs"), "type": "reasoning", "summary": []})
             self._item_event(
                 "response.reasoning_summary_part.added", summary_index=0, part=summary_part("")
@@ -217,21 +225,21 @@ class EventWriter:
 
     def close(self, status: str = COMPLETED) -> None:
         """Close the open item, if any, with its whole text."""
-        item = self.open
-        if item is None:
+        if self.open is None:
             return
         done = self.done_item(status)
-        kind = item["type"]
-        if kind == "message":
-            text = done["content"][0]["text"]
-            self._item_event("response.output_text.done", content_index=0, text=text, logprobs=[])
-            self._item_event("response.content_part.done", content_index=0, part=done["content"][0])
-        elif kind == "reasoning":
-            text = done["summary"][0]["text"]
-            self._item_event("response.reasoning_summary_text.done", summary_index=0, text=text)
+        if self.open_kind == "message":
+            part = done["content"][0]
             self._item_event(
-                "response.reasoning_summary_part.done", summary_index=0, part=done["summary"][0]
+                "response.output_text.done", content_index=0, text=part["text"], logprobs=[]
             )
+            self._item_event("response.content_part.done", content_index=0, part=part)
+        elif self.open_kind == "reasoning":
+            part = done["summary"][0]
+            self._item_event(
+                "response.reasoning_summary_text.done", summary_index=0, text=part["text"]
+            )
+            self._item_event("response.reasoning_summary_part.done", summary_index=0, part=part)
         else:
             self._item_event(
                 "response.function_call_arguments.done",
@@ -240,26 +248,26 @@ class EventWriter:
             )
         self.event("response.output_item.done", output_index=len(self.output), item=done)
         self.output.append(done)
-        self.open, self.pieces = None, []
+        self.open, self.open_kind, self.pieces = None, None, []
 
     def done_item(self, status: str) -> dict[str, Any]:
         """Return the open item whole, with what was delivered of it."""
         item, text = self.open, "".join(self.pieces)
-        if item["type"] == "message":
+        if self.open_kind == "message":
             return message_item(item["id"], text, status)
-        if item["type"] == "reasoning":
+        if self.open_kind == "reasoning":
             return reasoning_item(item["id"], text)
         return {**item, "arguments": text, "status": COMPLETED}
 
     def finish(self, usage: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
         """Close the open item and return the finished Response (its terminal event to come)."""
         reason = INCOMPLETE_REASONS.get(finish_reason or "")
-        self.close(INCOMPLETE if reason else COMPLETED)
+        status = INCOMPLETE if reason else COMPLETED
+        self.close(status)
         if not self.output:
             # A model that said nothing still answers with a message, as OpenAI does.
             self.text("")
-            self.close(INCOMPLETE if reason else COMPLETED)
-        status = INCOMPLETE if reason else COMPLETED
+            self.close(status)
         return self.draft.body(status, self.output, usage=usage, incomplete_reason=reason)
 
     def terminal(self, response: dict[str, Any]) -> None:
@@ -274,16 +282,17 @@ class EventWriter:
         self.event("error", code=body["code"], message=body["message"], param=error.param,
                    error={**body, "param": error.param})  # fmt: skip
         self.event("response.failed", response=self.draft.body(FAILED, partial, error=body))
-        return b"".join(typed_event(event) for event in self.events)
+        return typed_events(self.events)
 
     def framing(self) -> Framing:
-        """Return how this stream's events are written."""
-        return Framing(frame=typed_event, error=self.failure)
+        """Return how this stream's events are written: each upstream read's together."""
+        return Framing(frame=typed_events, error=self.failure)
 
     def _open(self, item: dict[str, Any]) -> None:
+        # ``item`` is never changed once added: done_item makes the finished one anew.
         self.close()
-        self.open, self.pieces = item, []
-        self.event("response.output_item.added", output_index=len(self.output), item=dict(item))
+        self.open, self.open_kind, self.open_id, self.pieces = item, item["type"], item["id"], []
+        self.event("response.output_item.added", output_index=len(self.output), item=item)
 
     def _item_event(self, kind: str, **fields: Any) -> None:
-        self.event(kind, item_id=self.open["id"], output_index=len(self.output), **fields)
+        self.event(kind, item_id=self.open_id, output_index=len(self.output), **fields)

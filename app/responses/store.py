@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import delete, insert, literal, select
 
-from app.database import utcnow, write_transaction
+from app.database import execute_on_driver, utcnow, write_transaction
 from app.encoding import dumps, loads
 from app.extensions import db
 from app.responses.errors import ConversationTooLong, PreviousResponseNotFound
@@ -144,7 +144,7 @@ def save_response(
         "created_at": now,
         "expires_at": now + timedelta(days=ttl_days),
     }
-    write_transaction(lambda connection: connection.execute(_INSERT, row))
+    write_transaction(lambda connection: execute_on_driver(connection, _INSERT, row))
 
 
 def delete_response(account_id: int, response_id: str) -> bool:

@@ -262,9 +262,14 @@ class StreamTranslation:
     def read(self, chunk: Chunk) -> None:
         """Deliver what a chunk's first choice brings."""
         for choice in chunk.choices:
-            if choice.get("index", 0) != 0:
+            delta = choice.get("delta")
+            if not delta or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
+            if len(delta) == 1 and "content" in delta and self.current is None:
+                # Most chunks carry a token of text alone.
+                if delta["content"]:
+                    self.writer.text(delta["content"])
+                continue
             if reasoning := delta.get("reasoning"):
                 self.settle_calls()
                 self.writer.reasoning(reasoning)
@@ -320,8 +325,8 @@ def response_events(
     translation: StreamTranslation,
     items: Iterator[StreamItem],
     finished: Callable[[dict[str, Any]], None],
-) -> Iterator[dict[str, Any] | None]:
-    """Yield a streamed response's events; the core's Nones (flush points) pass through.
+) -> Iterator[list[dict[str, Any]] | None]:
+    """Yield a streamed response's events, each chunk's in a list; the core's Nones pass.
 
     Nothing is yielded before the core's first item, so that a failure before it is
     answered with a status. ``finished`` is given the finished Response before its last
@@ -340,8 +345,10 @@ def response_events(
                 writer.terminal(end_of_stream(writer, translation, item, finished))
             else:
                 translation.read(item)
-            yield from writer.events
-            writer.events.clear()
+            if writer.events:
+                # The events of one chunk go out together, framed in one piece.
+                events, writer.events = writer.events, []
+                yield events
     finally:
         items.close()
 

@@ -380,9 +380,9 @@ def open_response_stream(generation: Generation, turn: Turn) -> Iterator[list[di
     )
     sent: list[dict[str, Any]] = []
     try:
-        for event in events:
-            if event is not None:
-                sent.append(event)
+        for chunk in events:
+            if chunk is not None:
+                sent += chunk
             elif sent:
                 yield sent
                 sent = []

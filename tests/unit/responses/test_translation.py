@@ -49,8 +49,8 @@ def run_stream(*chunks, tools=(), finish_reason="stop"):
     end = StreamEnd(Usage(prompt_tokens=3, completion_tokens=4), Decimal("0.01"), finish_reason)
     stored = []
     items = (item for item in [*chunks, None, end])
-    events = list(response_events(writer, translation, items, stored.append))
-    return [event for event in events if event is not None], stored
+    sent = list(response_events(writer, translation, items, stored.append))
+    return [event for chunk in sent if chunk is not None for event in chunk], stored
 
 
 def test_a_conversation_becomes_chat_messages_in_order():
