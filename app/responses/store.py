@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import delete, insert, literal, select
 
-from app.database import execute_on_driver, utcnow, write_transaction
+from app.database import execute_alone, execute_on_driver, utcnow, write_transaction
 from app.encoding import dumps, loads
 from app.extensions import db
 from app.responses.errors import ConversationTooLong, PreviousResponseNotFound
@@ -28,8 +28,10 @@ MAX_CHAIN_BYTES = 16 * 1024 * 1024
 MAX_ID_LENGTH = 64
 
 _TABLE = StoredResponse.__table__
-# Built once: a statement costs more CPU to construct than to execute.
+# Built once: a statement costs more CPU to construct than to execute. Run alone (on
+# PostgreSQL), the insert returns its id, since a statement run alone returns its rows.
 _INSERT = insert(_TABLE)
+_INSERT_ALONE = insert(_TABLE).returning(_TABLE.c.id)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,10 @@ def save_response(
         "created_at": now,
         "expires_at": now + timedelta(days=ttl_days),
     }
-    write_transaction(lambda connection: execute_on_driver(connection, _INSERT, row))
+    write_transaction(
+        lambda connection: execute_on_driver(connection, _INSERT, row),
+        alone=lambda: execute_alone(_INSERT_ALONE, row),
+    )
 
 
 def delete_response(account_id: int, response_id: str) -> bool:
