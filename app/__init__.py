@@ -68,6 +68,7 @@ def register_blueprints(app: Flask) -> None:
     from app.generations import views as generation_views
     from app.monitoring import health
     from app.monitoring import metrics as metrics_views
+    from app.responses import views as response_views
 
     app.register_blueprint(health.bp)
     limiter.exempt(health.bp)
@@ -78,6 +79,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(catalog_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(completion_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(credit_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(response_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(generation_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(dashboard_views.bp)
 

@@ -10,6 +10,7 @@ the door ends a broken stream with (its ``Framing``), and the stream closes as a
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -38,7 +39,25 @@ def data_event(body: dict[str, Any]) -> bytes:
 
 def typed_event(body: dict[str, Any]) -> bytes:
     """Encode one event named by its body's ``type``, as OpenAI's Responses and Anthropic's."""
-    return b"event: " + body["type"].encode() + b"\ndata: " + dumps_transient(body) + b"\n\n"
+    return _event_line(body["type"]) + dumps_transient(body) + b"\n\n"
+
+
+def typed_events(bodies: list[dict[str, Any]]) -> bytes:
+    """Encode events a door hands over together (one list per upstream read), each typed."""
+    return b"".join(
+        [_event_line(body["type"]) + dumps_transient(body) + b"\n\n" for body in bodies]
+    )
+
+
+@functools.cache
+def _event_line(kind: str) -> bytes:
+    # Event types are a door's own few names, never a caller's: one line each is kept.
+    return b"event: " + kind.encode() + b"\ndata: "
+
+
+# What a door's stream hands the writer: one event's body, or a list of bodies the door
+# frames together (the events of one upstream read); a None is a flush point.
+Events = dict[str, Any] | list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -49,12 +68,12 @@ class Framing:
     the error and returns every event that ends the stream.
     """
 
-    frame: Callable[[dict[str, Any]], bytes]
+    frame: Callable[[Any], bytes]
     error: Callable[[APIError], bytes]
     end: bytes = b""
 
 
-def event_stream_response(chunks: Iterator[dict[str, Any] | None], framing: Framing) -> Response:
+def event_stream_response(chunks: Iterator[Events | None], framing: Framing) -> Response:
     """Stream ``chunks`` as a response, with the headers that keep proxies from buffering.
 
     The first chunk is pulled here, so that failures before any byte raise to the view.
@@ -70,7 +89,7 @@ def event_stream_response(chunks: Iterator[dict[str, Any] | None], framing: Fram
     )
 
 
-def first_chunk(chunks: Iterator[dict[str, Any] | None]) -> dict[str, Any] | None:
+def first_chunk(chunks: Iterator[Events | None]) -> Events | None:
     """Return the first chunk of ``chunks``, or None if they end without one."""
     for chunk in chunks:
         # A None only says that the next chunk may wait: it does not start the stream.
@@ -80,9 +99,9 @@ def first_chunk(chunks: Iterator[dict[str, Any] | None]) -> dict[str, Any] | Non
 
 
 def write_events(
-    chunks: Iterator[dict[str, Any] | None],
+    chunks: Iterator[Events | None],
     framing: Framing,
-    first: dict[str, Any] | None = None,
+    first: Events | None = None,
     app: Flask | None = None,
 ) -> Iterator[bytes]:
     """Frame ``first``, then ``chunks``, as events; end as the framing says; close ``chunks``.

@@ -8,7 +8,9 @@ request is doing: waiting for an upstream through retries, generating a whole an
 or writing to a caller who stopped reading; one UPDATE for all of them. A dead worker
 renews nothing, so its holds expire after HOLD_TTL_SECONDS, and ending an expired hold
 from any worker is safe: a hold whose stream recorded progress is settled at it, any
-other is released; the conditional UPDATEs of the ledger end each hold once.
+other is released; the conditional UPDATEs of the ledger end each hold once. Records
+past their time (Idempotency-Key claims, stored Responses API responses) are deleted at
+every sweep, a batch at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from app.generations.idempotency import prune_expired_claims
 from app.generations.lifecycle import progress_of, settle_interrupted
 from app.generations.live import LiveHolds, live_holds
 from app.observability.trace import close_trace, open_trace
+from app.responses.store import prune_expired_responses
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,24 @@ def prune_idempotency_records(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) ->
     return pruned
 
 
+def prune_stored_responses(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
+    """Delete stored responses past RESPONSES_TTL_DAYS, in batches; return how many."""
+    pruned = 0
+    with app.app_context():
+        try:
+            batch = batch_size
+            while batch == batch_size:
+                batch = prune_expired_responses(batch_size=batch_size)
+                pruned += batch
+                time.sleep(0)  # let the worker's requests run between batches
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("pruning stored responses failed; will retry")
+    if pruned:
+        log.info("pruned %d expired stored responses", pruned)
+    return pruned
+
+
 def run_sweeper(app: Flask) -> None:
     """Record progress every tick; renew, end and prune every sweep; in a greenlet, forever."""
     tick = app.config["STREAM_PROGRESS_SECONDS"]
@@ -144,3 +165,4 @@ def run_sweeper(app: Flask) -> None:
             renew_live_holds(app)
             sweep_expired_holds(app)
             prune_idempotency_records(app)
+            prune_stored_responses(app)

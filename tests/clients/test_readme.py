@@ -48,12 +48,14 @@ def test_the_python_example_runs(live_server, funded_key):
     )
 
     assert completed.returncode == 0, completed.stderr
-    models, pricing, reply, *chunks = completed.stdout.splitlines()
+    models, pricing, reply, *chunks, response, followup = completed.stdout.splitlines()
     assert "'dev-chat'" in models and "'dev-chat-mini'" in models
     assert "'completion': 1.5" in pricing
     assert reply.startswith("Hello") and float(reply.rsplit(" ", 1)[1]) > 0
     assert chunks[0].startswith("ChatCompletionChunk(")
     assert "cost={'total_cost':" in chunks[-1]
+    assert response.startswith("Hello ") and float(response.rsplit(" ", 1)[1]) > 0
+    assert followup.startswith("And again ")
 
 
 def test_the_curl_example_runs(live_server, funded_key):

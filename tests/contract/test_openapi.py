@@ -79,6 +79,9 @@ def test_the_document_covers_the_public_api():
         "/v1/models/{model}",
         "/v1/credits",
         "/v1/openapi.json",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/input_items",
         "/healthz",
         "/readyz",
     } <= set(document["paths"])
@@ -104,3 +107,10 @@ def test_the_document_covers_the_public_api():
     response = schemas["ChatCompletionResponse"]
     assert response["properties"]["system_fingerprint"] == {"type": "string"}
     assert "system_fingerprint" in response["required"]
+    responses = document["paths"]["/v1/responses"]["post"]
+    assert responses["operationId"] == "createResponse"
+    assert {"application/json", "text/event-stream"} == set(
+        responses["responses"]["200"]["content"]
+    )
+    assert ERROR_STATUSES <= set(responses["responses"])
+    assert schemas["ResponseUsage"]["properties"]["cost"] == {"$ref": "#/components/schemas/Cost"}

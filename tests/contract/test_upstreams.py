@@ -645,3 +645,169 @@ def test_a_token_reaches_the_caller_while_the_upstream_is_silent(gateway, funded
 
     assert time.monotonic() - got_the_token > silence / 2
     assert b'"Hello"' in received and b"[DONE]" in rest
+
+
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def test_responses_reach_an_openai_compatible_upstream_as_chat(
+    app, gateway, client, funded, scripted
+):
+    scripted.script("/third", Reply("openai_chat"))
+
+    response = client.responses.create(
+        model="gpt-mini",
+        instructions="Be brief.",
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+             "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+        ],
+        tools=[RESPONSES_TOOL, {"type": "web_search"}],
+        tool_choice="auto",
+        max_output_tokens=100,
+        text={"format": {"type": "json_object"}},
+    )  # fmt: skip
+
+    assert response.model == "gpt-mini" and response.status == "completed"
+    assert response.output_text == "The capital of France is Paris."
+    sent = scripted.exchanges[0].json
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    ]  # fmt: skip
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {key: RESPONSES_TOOL[key] for key in ("name", "description", "parameters")},
+        }
+    ]
+    assert (sent["tool_choice"], sent["max_tokens"]) == ("auto", 100)
+    assert sent["response_format"] == {"type": "json_object"}
+    generation = assert_settled_once_at_its_price(
+        gateway, records(app, funded.account_id), "gpt-mini"
+    )
+    assert generation.api == "responses"
+    assert Decimal(str(response.usage.model_extra["cost"]["total_cost"])) == generation.cost
+
+
+def test_responses_stream_parallel_calls_of_an_openai_compatible_upstream(
+    app, gateway, client, funded, scripted
+):
+    scripted.script("/third", Reply("openai_chat_stream_tools", write_size=7))
+
+    with client.responses.stream(
+        model="gpt-mini", input="Paris and Rome?", tools=[RESPONSES_TOOL]
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+
+    calls = [(item.type, item.name, json.loads(item.arguments)) for item in final.output]
+    assert calls == [
+        ("function_call", "get_weather", {"city": "Paris"}),
+        ("function_call", "get_weather", {"city": "Rome"}),
+    ]
+    assert [item.call_id for item in final.output] == [
+        "call_0000000000000000000000a1",
+        "call_0000000000000000000000b2",
+    ]
+    assert (
+        kinds.count("response.output_item.added") == kinds.count("response.output_item.done") == 2
+    )
+    assert kinds[-1] == "response.completed"
+    assert scripted.exchanges[0].json["stream_options"] == {"include_usage": True}
+    generation = assert_settled_once_at_its_price(
+        gateway, records(app, funded.account_id), "gpt-mini"
+    )
+    assert Decimal(str(final.usage.model_extra["cost"]["total_cost"])) == generation.cost
+
+
+def test_responses_reach_anthropic_with_thinking_and_a_tool_call(
+    app, gateway, client, funded, scripted
+):
+    scripted.script("/claude", Reply("anthropic_message_tool_use"))
+
+    response = client.responses.create(
+        model="claude-sonnet",
+        input=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+        ],
+        tools=[RESPONSES_TOOL],
+        reasoning={"effort": "low"},
+    )
+
+    reasoning, message, call = response.output
+    assert reasoning.summary[0].text.startswith("The user wants the weather")
+    assert message.content[0].text == "I'll check the weather in Paris."
+    assert (call.name, json.loads(call.arguments)["city"]) == ("get_weather", "Paris")
+    assert call.call_id == "toolu_01A00000000000000000000a"
+    sent = scripted.exchanges[0].json
+    assert sent["system"] == "Be brief." and sent["thinking"]["type"] == "enabled"
+    assert sent["tools"][0]["input_schema"] == RESPONSES_TOOL["parameters"]
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens) == (1436, 96)
+    assert usage.input_tokens_details.cache_write_tokens == 1024
+    generation = assert_settled_once_at_its_price(
+        gateway, records(app, funded.account_id), "claude-sonnet"
+    )
+    assert generation.api == "responses"
+
+
+def test_responses_stream_from_anthropic_thinking_then_text(gateway, client, scripted):
+    scripted.script("/claude", Reply("anthropic_stream_thinking", write_size=11))
+
+    with client.responses.stream(model="claude-sonnet", input="9.11 or 9.8?") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+
+    reasoning, message = final.output
+    assert (
+        reasoning.summary[0].text
+        == "Compare 9.11 and 9.8 as decimals: 9.80 > 9.11, so 9.8 is greater."
+    )
+    assert message.content[0].text == "9.8 is greater than 9.11."
+    assert kinds.index("response.reasoning_summary_text.done") < kinds.index(
+        "response.output_text.delta"
+    )
+
+
+def test_responses_stream_anthropic_tool_calls_after_text(gateway, client, scripted):
+    scripted.script("/claude", Reply("anthropic_stream_tool_use", write_size=13))
+
+    with client.responses.stream(
+        model="claude-sonnet",
+        input=[
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {
+                "type": "function_call",
+                "call_id": "toolu_0",
+                "name": "get_weather",
+                "arguments": "{}",
+            },
+            {"type": "function_call_output", "call_id": "toolu_0", "output": "unknown"},
+        ],
+        tools=[RESPONSES_TOOL],
+    ) as stream:
+        final = stream.get_final_response()
+
+    assert [item.type for item in final.output] == ["message", "function_call", "function_call"]
+    assert final.output[0].content[0].text == "I'll check both cities."
+    assert [json.loads(item.arguments)["city"] for item in final.output[1:]] == ["Paris", "Rome"]
+    sent = scripted.exchanges[0].json
+    assert sent["messages"][1]["content"][0]["type"] == "tool_use"
+    assert sent["messages"][2]["content"][0] == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_0",
+        "content": "unknown",
+    }

@@ -398,3 +398,28 @@ def test_operator_commands_find_a_signed_up_account_by_its_email(app, runner):
     granted = runner.invoke(args=["credits", "grant", email, "3"])
     assert granted.exit_code == 0 and "balance=$3" in granted.output
     assert "$3.00" in client.get("/balance").text
+
+
+def test_usage_and_csv_say_which_api_a_generation_came_through_never_its_content(
+    app, holder_client
+):
+    client, account_id, email = holder_client
+    with app.app_context():
+        issued = create_key(account_id=account_id, name="agents")
+    marker = "quokka-content-5e2a"
+    headers = {"Authorization": f"Bearer {issued.value}"}
+    api = app.test_client()
+    answered = api.post(
+        "/v1/responses", json={"model": "dev-chat", "input": f"Hi {marker}"}, headers=headers
+    )
+    assert answered.status_code == 200 and marker in answered.text
+    chat = {"model": "dev-chat", "messages": [{"role": "user", "content": "Hi"}]}
+    assert api.post("/v1/chat/completions", json=chat, headers=headers).status_code == 200
+
+    usage = client.get("/usage").text
+    assert "<td>responses</td>" in usage and "<td>chat</td>" in usage
+    rows = client.get("/usage.csv").text.splitlines()
+    assert sorted(row.split(",")[3] for row in rows[1:]) == ["chat", "responses"]
+    assert answered.json["id"] in "\n".join(rows)
+    for page in (usage, "\n".join(rows), client.get("/balance").text, client.get("/").text):
+        assert marker not in page

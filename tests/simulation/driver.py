@@ -7,6 +7,7 @@ read of the database's truth for the invariants.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,8 +37,18 @@ from app.generations import idempotency
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
 from app.generations.lifecycle import Generation
+from app.generations.models import RESPONSES
 from app.generations.models import Generation as GenerationRecord
 from app.providers.base import ChatRequest, Route, RouteTarget, Usage
+from app.responses import conversation as response_conversation
+from app.responses import store as response_store
+from app.responses.bodies import EventWriter
+from app.responses.conversation import Turn
+from app.responses.errors import ResponseNotFound
+from app.responses.ids import new_response_id
+from app.responses.models import StoredResponse
+from app.responses.schemas import parse_response_request
+from app.responses.translation import StreamTranslation, check_output_limit, response_events
 from app.sweeper import (
     LiveHolds,
     record_stream_progress,
@@ -47,7 +58,10 @@ from app.sweeper import (
 )
 from tests.simulation.upstream import SCRIPT_FIELD, SimulatedAdapter
 
-UNAUTHORIZED, REVOKED, INSUFFICIENT = 401, 403, 402
+UNAUTHORIZED, REVOKED, INSUFFICIENT, NOT_FOUND = 401, 403, 402, 404
+# How long a stored response is kept (the default of RESPONSES_TTL_DAYS), in seconds.
+RESPONSES_TTL_DAYS = 30
+RESPONSES_TTL_SECONDS = RESPONSES_TTL_DAYS * 24 * 3600
 # Models priced far apart, so that holds, charges and shortfalls differ by model.
 PRICES = {
     "sim-mini": ("0.15", "0.60", "0.075"),
@@ -80,8 +94,8 @@ class SimulatedClock:
 
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
-    """Make the ledger, the generation lifecycle, the keys and their claims read ``clock``."""
-    for module in (ledger, generations, key_admin, idempotency):
+    """Make the ledger, lifecycle, keys, claims and stored responses read ``clock``."""
+    for module in (ledger, generations, key_admin, idempotency, response_store):
         monkeypatch.setattr(module, "utcnow", clock.now)
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
@@ -129,6 +143,22 @@ class Workers:
         self.serving = worker
         try:
             return start(key_value, model, request, clock, ttl, generation_id)
+        finally:
+            self.serving = None
+
+    def start_response(
+        self,
+        worker: int,
+        key_value: str,
+        model: Model,
+        body: dict[str, Any],
+        clock: SimulatedClock,
+        ttl: int,
+    ) -> tuple[Generation, Turn] | int:
+        """``start_response`` in ``worker``, which renews its hold from then on."""
+        self.serving = worker
+        try:
+            return start_response(key_value, model, body, clock, ttl)
         finally:
             self.serving = None
 
@@ -273,6 +303,125 @@ def start(
     # The lifecycle's own timestamps must come from the simulated clock too.
     generation.started = clock.monotonic()
     return generation
+
+
+def response_body(
+    number: int,
+    model: Model,
+    *,
+    stream: bool,
+    max_tokens: int,
+    store: bool,
+    previous: str | None,
+) -> dict[str, Any]:
+    """The Responses API body of simulated request ``number``, continuing ``previous``."""
+    body = {
+        "model": model.id,
+        "input": f"simulated request {number}",
+        "max_output_tokens": max_tokens,
+        "stream": stream,
+        "store": store,
+        SCRIPT_FIELD: number,
+    }
+    if previous is not None:
+        body["previous_response_id"] = previous
+    return body
+
+
+def start_response(
+    key_value: str, model: Model, body: dict[str, Any], clock: SimulatedClock, ttl: int
+) -> tuple[Generation, Turn] | int:
+    """Start a Responses API request as its door does; or return the refusal's status.
+
+    The door's own steps: the body parsed, the chain it continues read, the items
+    translated into the chat request the generation runs.
+    """
+    caller = keys.find_caller(key_value)
+    if caller is None or caller.state != ACTIVE:
+        db.session.rollback()
+        return UNAUTHORIZED if caller is None else REVOKED
+    request = parse_response_request(body)
+    check_output_limit(request, model)
+    try:
+        turn = Turn(
+            request,
+            account_id=caller.account_id,
+            response_id=new_response_id(),
+            ttl_days=RESPONSES_TTL_DAYS,
+        )
+        generation = generations.start_generation(
+            caller=caller,
+            model=model,
+            request=turn.chat_request(),
+            hold_ttl_seconds=ttl,
+            generation_id=turn.draft.id,
+            api=RESPONSES,
+        )
+    except ResponseNotFound:
+        db.session.rollback()
+        return NOT_FOUND
+    except InsufficientCredits:
+        db.session.rollback()
+        return INSUFFICIENT
+    generation.started = clock.monotonic()
+    return generation, turn
+
+
+def open_response_stream(generation: Generation, turn: Turn) -> Iterator[list[dict[str, Any]]]:
+    """The events of a streamed Responses generation, as the SSE writer sends them.
+
+    The events of one upstream read go out together (up to the core's next None): one
+    chunk makes several events, the text's after the item's, in the same send.
+    """
+    writer = EventWriter(turn.draft)
+    translation = StreamTranslation(writer, turn.tools)
+    events = response_events(
+        writer, translation, generations.stream_generation(generation), turn.finished
+    )
+    sent: list[dict[str, Any]] = []
+    try:
+        for chunk in events:
+            if chunk is not None:
+                sent += chunk
+            elif sent:
+                yield sent
+                sent = []
+        if sent:
+            yield sent
+    finally:
+        events.close()
+
+
+def complete_response(generation: Generation, turn: Turn) -> dict[str, Any]:
+    """Run a whole Responses generation; return its Response object (stored if asked)."""
+    return turn.answered(generations.run_generation(generation))
+
+
+def received(sent: dict[str, Any] | list[dict[str, Any]]) -> tuple[int, Decimal | None]:
+    """What a caller got in one send: words of text, and the cost it tells, if any.
+
+    A chat chunk's content and usage, or Responses events: text deltas, and the
+    terminal event's response with its usage.
+    """
+    if isinstance(sent, dict):
+        words = sum(len((c["delta"].get("content") or "").split()) for c in sent["choices"])
+        return words, body_cost(sent)
+    words, cost = 0, None
+    for event in sent:
+        if event["type"] == "response.output_text.delta":
+            words += len(event["delta"].split())
+        elif event["type"] in ("response.completed", "response.incomplete"):
+            cost = body_cost(event["response"])
+    return words, cost
+
+
+def stored_cost(account_id: int, response_id: str) -> Decimal | None:
+    """The cost a stored response tells, found as ``account_id`` (None: not found)."""
+    stored = response_store.find_stored(account_id, response_id)
+    if stored is None:
+        return None
+    response = json.loads(stored.response, parse_float=Decimal)
+    return Decimal(response["usage"]["cost"]["total_cost"])
 
 
 def open_stream(generation: Generation) -> Iterator[dict[str, Any]]:
@@ -612,3 +761,14 @@ def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> Non
 def plant_progress_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the sweeper on purpose: what a stream delivered is never recorded."""
     monkeypatch.setattr(sweeper, "progress_of", lambda generation: None)
+
+
+def plant_chains_of_any_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the stored responses on purpose: a request continues any account's response."""
+    find_chain = response_store.find_chain
+
+    def any_accounts_chain(account_id: int, response_id: str) -> response_store.Chain:
+        owner = db.session.get(StoredResponse, response_id)
+        return find_chain(account_id if owner is None else owner.account_id, response_id)
+
+    monkeypatch.setattr(response_conversation, "find_chain", any_accounts_chain)

@@ -121,12 +121,18 @@ class SimRequest:
     recorded: Usage | None = None
     recorded_delivered: int = 0
     death_checked: bool = False
+    # A Responses API request: whether it is stored, the response it continues, and its
+    # place in the conversation (the door's Turn).
+    api: str = "chat"
+    store: bool = False
+    previous: str | None = None
+    turn: Any = None
 
     @property
     def name(self) -> str:
         """How the schedule names it."""
         kind = "stream" if self.stream else "whole"
-        return f"r{self.number} ({kind} {self.model.id} {self.key.name})"
+        return f"r{self.number} ({self.api} {kind} {self.model.id} {self.key.name})"
 
 
 class Simulation:
@@ -173,6 +179,8 @@ class Simulation:
         self.unstored: list[SimRequest] = []
         # The generations charged from a dead stream's last recorded progress.
         self.interrupted: set[str] = set()
+        # Stored responses: (account index, response id, when it was stored).
+        self.stored: list[tuple[int, str, float]] = []
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
@@ -268,6 +276,8 @@ class Simulation:
         stream = self.random.random() < 0.6
         max_tokens = self.random.choice([16, 64, 256, 1024])
         request = self.new_request(account, key, model, stream=stream, max_tokens=max_tokens)
+        if self.random.random() < 0.35:
+            return self.start_response(request, value, expected)
         if not stream and self.random.random() < 0.35:
             request.idempotency_key = f"idem-{request.number}"
             self.keyed[request.idempotency_key] = [request]
@@ -276,6 +286,46 @@ class Simulation:
                 self.fail([f"{request.name}: a new Idempotency-Key was {claimed.kind}"])
         described = self.launch(request, value, expected)
         return f"start {request.name} max_tokens={max_tokens}: {described}"
+
+    def start_response(self, request: SimRequest, value: str, expected: int | None) -> str:
+        """The request comes through the Responses API: stored or not, continuing or not.
+
+        It continues one of its account's stored responses, or now and then another
+        account's, which must be refused as not found, as must one past its time.
+        """
+        request.api, request.store = "responses", self.random.random() < 0.7
+        own = [entry for entry in self.stored if entry[0] == request.account.index]
+        others = [entry for entry in self.stored if entry[0] != request.account.index]
+        roll = self.random.random()
+        if own and roll < 0.5:
+            request.previous = self.random.choice(own)[1]
+        elif others and roll > 0.85:
+            request.previous = self.random.choice(others)[1]
+        if expected is None and request.previous is not None and not self.continuable(request):
+            expected = driver.NOT_FOUND
+        body = driver.response_body(
+            request.number,
+            request.model,
+            stream=request.stream,
+            max_tokens=request.max_tokens,
+            store=request.store,
+            previous=request.previous,
+        )
+        outcome = self.processes.start_response(
+            request.worker, value, request.model, body, self.clock, self.ttl
+        )
+        if isinstance(outcome, tuple):
+            outcome, request.turn = outcome
+        described = self.started(request, outcome, expected)
+        return f"start {request.name} max_tokens={request.max_tokens}: {described}"
+
+    def continuable(self, request: SimRequest) -> bool:
+        """Whether the response the request continues is its account's and still kept."""
+        for account_index, response_id, stored_at in self.stored:
+            if response_id == request.previous:
+                alive = self.clock.elapsed < stored_at + driver.RESPONSES_TTL_SECONDS
+                return account_index == request.account.index and alive
+        return False
 
     def new_request(
         self, account: SimAccount, key: SimKey, model: Any, *, stream: bool, max_tokens: int
@@ -413,7 +463,10 @@ class Simulation:
         if not request.stream:
             return self.complete_whole(request, cap)
         if request.chunks is None:
-            request.chunks = driver.open_stream(request.generation)
+            if request.turn is not None:
+                request.chunks = driver.open_response_stream(request.generation, request.turn)
+            else:
+                request.chunks = driver.open_stream(request.generation)
             request.state = STREAMING
         try:
             body = next(request.chunks)
@@ -424,10 +477,9 @@ class Simulation:
         return self.received(request, body, cap)
 
     def received(self, request: SimRequest, body: dict[str, Any], cap: Decimal) -> str:
-        """Count what the caller got; a usage chunk means the stream has settled."""
-        for choice in body["choices"]:
-            request.delivered += len((choice["delta"].get("content") or "").split())
-        request.told_cost = driver.body_cost(body)
+        """Count what the caller got; a cost told means the stream has settled."""
+        words, request.told_cost = driver.received(body)
+        request.delivered += words
         if request.told_cost is not None:
             return self.end(request, cap, completed=True, how="usage chunk")
         request.deadline = self.deadline(request)
@@ -440,7 +492,10 @@ class Simulation:
         it at once, or by a later step of its worker (which may die first).
         """
         try:
-            body = driver.complete(request.generation)
+            if request.turn is not None:
+                body = driver.complete_response(request.generation, request.turn)
+            else:
+                body = driver.complete(request.generation)
         except UpstreamError:
             if request.claim is not None:
                 driver.release_claim(request.claim)
@@ -641,7 +696,31 @@ class Simulation:
         if expected < price:
             self.shortfalls.add(driver.generation_id(request.generation))
         self.check_settlement(request, usage, expected, shortfall=price - expected)
+        if request.turn is not None:
+            self.check_stored(request, completed=completed)
         return f"{how}: {request.name}, {request.delivered} tokens, charged ${expected}"
+
+    def check_stored(self, request: SimRequest, *, completed: bool) -> None:
+        """A response is stored when it was asked to be and was answered, for its account only.
+
+        Stored, it tells the cost its caller was told, and later requests may continue it.
+        """
+        response_id = driver.generation_id(request.generation)
+        found = driver.stored_cost(request.account.id, response_id)
+        others = [a for a in self.accounts if a is not request.account]
+        seen_by_others = [a.index for a in others if driver.stored_cost(a.id, response_id)]
+        driver.end_reads()
+        problems = []
+        if completed and request.store:
+            if found is None or found != request.told_cost:
+                problems.append(f"stored cost {found}, told the caller {request.told_cost}")
+            self.stored.append((request.account.index, response_id, self.clock.elapsed))
+        elif found is not None:
+            problems.append("a response stored though it should not be")
+        if seen_by_others:
+            problems.append(f"its stored response found by accounts {seen_by_others}")
+        if problems:
+            self.fail([f"{request.name}: {problem}" for problem in problems])
 
     def expected_usage(self, request: SimRequest, completed: bool) -> Usage:
         """What the request is billed for: the upstream's count, or what was delivered."""

@@ -12,6 +12,8 @@ from tests.simulation import driver
 from tests.simulation.simulator import Simulation, SimulationFailure
 
 PLANTED_STEPS = 600
+# A seed whose schedule meets each planted bug within PLANTED_STEPS.
+PLANTED_SEED = 3
 
 
 def test_the_money_path_keeps_its_invariants(app, monkeypatch, seed, steps, schedule_file):
@@ -31,48 +33,55 @@ def test_a_seed_replays_its_schedule_exactly(app, monkeypatch):
 
 def test_a_hold_placed_whatever_the_balance_is_caught(disposable_app, monkeypatch):
     driver.plant_hold_without_balance_condition(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*below zero.*--seed 2"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*below zero.*--seed 3"):
         simulation.run()
 
 
 def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
     driver.plant_hold_past_the_key_limit(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*past its monthly limit"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*past its monthly limit"):
         simulation.run()
 
 
 def test_a_settlement_run_twice_is_caught(disposable_app, monkeypatch):
     driver.plant_settlement_that_forgets(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*IntegrityError"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*IntegrityError"):
         simulation.run()
 
 
 def test_a_charge_of_the_whole_hold_is_caught(disposable_app, monkeypatch):
     driver.plant_charge_of_the_whole_hold(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*charged .* expected"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*charged .* expected"):
         simulation.run()
 
 
 def test_usage_beyond_the_hold_left_unpaid_is_caught(disposable_app, monkeypatch):
     driver.plant_charge_capped_at_the_hold(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*charged .* expected"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*charged .* expected"):
         simulation.run()
 
 
 def test_a_claim_taken_over_whatever_it_charged_is_caught(disposable_app, monkeypatch):
     driver.plant_claim_taken_over_after_its_ttl(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*retry of idem-"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*retry of idem-"):
         simulation.run()
 
 
 def test_a_dead_streams_progress_left_unbilled_is_caught(disposable_app, monkeypatch):
     driver.plant_progress_never_recorded(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*recorded 0 streams"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*recorded 0 streams"):
+        simulation.run()
+
+
+def test_a_response_continued_by_another_account_is_caught(disposable_app, monkeypatch):
+    driver.plant_chains_of_any_account(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*should get 404"):
         simulation.run()

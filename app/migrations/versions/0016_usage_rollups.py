@@ -6,7 +6,7 @@ and today. Every settlement adds its request, tokens, charge and shortfall to it
 in its own transaction; the rows are filled here from the generations recorded so far.
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-11-26 21:00:00
 
 """
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
