@@ -7,6 +7,7 @@ import io
 import secrets
 from collections.abc import Iterator
 from datetime import date
+from typing import Any
 
 from flask import (
     Blueprint,
@@ -46,6 +47,7 @@ from app.dashboard.forms import (
     SignInForm,
     SignUpForm,
 )
+from app.dashboard.pages import Cursor
 from app.dashboard.security import (
     admin_required,
     sign_in_address,
@@ -56,7 +58,6 @@ from app.dashboard.security import (
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf
-from app.generations.models import Generation
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
@@ -68,6 +69,8 @@ bp = Blueprint(
 )
 bp.add_app_template_filter(format_usd, "usd")
 CHART_DAYS = 30
+# The generations list's place, carried by its Newer and Older links beside the filter.
+PAGING_ARGS = ("before", "after")
 CSV_COLUMNS = (
     "time", "id", "model", "api", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
     "reasoning_tokens", "cost_usd", "latency_ms", "status", "streamed", "estimated",
@@ -359,10 +362,15 @@ def usage_page() -> str:
         chosen=chosen,
         by_model=usage.totals_by_model(account_id, chosen),
         by_key=usage.totals_by_key(account_id, chosen),
-        page=usage.generations_page(account_id, chosen, request.args.get("page", 1, type=int)),
+        page=usage.generations_page(
+            account_id,
+            chosen,
+            before=Cursor.parse(request.args.get("before")),
+            after=Cursor.parse(request.args.get("after")),
+        ),
         keys=accounts.account_key_rows(account_id, utcnow()),
         models=sorted(set(usage.account_models(account_id)) | {m for m, _ in _model_choices()}),
-        filter_args={k: v for k, v in request.args.items() if k != "page" and v},
+        filter_args={k: v for k, v in request.args.items() if k not in PAGING_ARGS and v},
     )
 
 
@@ -370,8 +378,8 @@ def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
-    for generation, key_name in usage.iter_generations(account_id, chosen):
-        writer.writerow(_csv_row(generation, key_name))
+    for row in usage.iter_generations(account_id, chosen):
+        writer.writerow(_csv_row(row))
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
@@ -383,10 +391,10 @@ def _csv_text(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-def _csv_row(generation: Generation, key_name: str | None) -> list[object]:
+def _csv_row(generation: Any) -> list[object]:
     return [
         generation.created_at.isoformat(), generation.id, _csv_text(generation.model),
-        generation.api, _csv_text(key_name or ""), generation.prompt_tokens,
+        generation.api, _csv_text(generation.key_name or ""), generation.prompt_tokens,
         generation.cached_tokens, generation.completion_tokens, generation.reasoning_tokens,
         f"{generation.cost:f}",
         generation.latency_ms, generation.status, str(generation.streamed).lower(),

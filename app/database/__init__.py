@@ -18,6 +18,7 @@ from app.database.connections import (
     write_transaction,
 )
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
+from app.database.expressions import utc_hour
 from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
 
@@ -38,6 +39,7 @@ __all__ = [
     "fetch_on_driver",
     "init_database",
     "runs_alone",
+    "utc_hour",
     "utcnow",
     "wait_cooperatively",
     "write_transaction",
