@@ -37,7 +37,7 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
 from app.credits import statements
-from app.credits.errors import IdempotencyConflict
+from app.credits.errors import AlreadyRecorded, IdempotencyConflict
 from app.credits.models import (
     CHARGE,
     EXPIRED,
@@ -378,11 +378,14 @@ class _Writes:
     generation_id: str
     record: BoundStatement | None
     rollup: Rollup | None
+    # The record names no key (its key's row is gone): its rollup is filed under NO_KEY
+    # too, so that the two agree.
+    keyless: bool = False
 
     def without_key(self) -> _Writes:
         """Return these writes, the record naming no key."""
         statement, row = self.record
-        return replace(self, record=(statement, {**row, "api_key_id": None}))
+        return replace(self, record=(statement, {**row, "api_key_id": None}), keyless=True)
 
 
 def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
@@ -459,7 +462,7 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         shape = (statement, tuple(row))
         parameters = {statements.RECORD_PREFIX + name: value for name, value in row.items()}
     if writes.rollup is not None:
-        parameters.update(_rollup_parameters(hold, writes.rollup, cost, cost))
+        parameters.update(_rollup_parameters(hold, writes, cost, cost))
     now = utcnow()
     parameters.update(
         hold_id=hold.id,
@@ -489,6 +492,8 @@ def _settle_steps(
     released = execute_on_driver(
         connection, statements.CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED}
     )
+    if released != 1 and writes.record is not None:
+        _refuse_if_recorded(connection, writes.record)
     # An expired hold was released by the sweeper: nothing of it is reserved any more.
     reserved = hold.amount if released == 1 else Decimal(0)
     charge = cost if cost <= reserved else _payable(connection, hold, cost, reserved)
@@ -525,9 +530,22 @@ def _settle_steps(
         statement, row = writes.record
         execute_on_driver(connection, statement, _with_charge(row, cost, charge))
     if writes.rollup is not None:
-        parameters = _rollup_parameters(hold, writes.rollup, cost, charge)
+        parameters = _rollup_parameters(hold, writes, cost, charge)
         execute_on_driver(connection, statements.ROLL_UP, parameters)
     return charge
+
+
+def _refuse_if_recorded(connection: Connection, record: BoundStatement) -> None:
+    """Raise AlreadyRecorded if ``record``'s row (by its id alone) is there already.
+
+    A hold found not open was settled or released before: its generation may be recorded
+    already, and a record's id is unique only with its time where the table is
+    partitioned by time. Its row is looked for in every partition.
+    """
+    statement, row = record
+    table = statement.table
+    if connection.execute(select(table.c.id).where(table.c.id == row["id"])).first():
+        raise AlreadyRecorded(f"generation {row['id']} is recorded already")
 
 
 def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[str, Any]:
@@ -536,13 +554,15 @@ def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[st
 
 
 def _rollup_parameters(
-    hold: HeldCredit, rollup: Rollup, cost: Decimal, charge: Decimal
+    hold: HeldCredit, writes: _Writes, cost: Decimal, charge: Decimal
 ) -> dict[str, Any]:
     """Return ROLL_UP's parameters: one request, its tokens, its charge and shortfall."""
     prefix = statements.ROLLUP_PREFIX
+    rollup = writes.rollup
+    keyless = writes.keyless or hold.key_id is None
     return {
         prefix + "account_id": hold.account_id,
-        prefix + "api_key_id": hold.key_id if hold.key_id is not None else NO_KEY,
+        prefix + "api_key_id": NO_KEY if keyless else hold.key_id,
         prefix + "model": rollup.model,
         prefix + "hour": rollup.hour,
         prefix + "requests": 1,

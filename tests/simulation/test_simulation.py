@@ -46,7 +46,9 @@ def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
 def test_a_settlement_run_twice_is_caught(disposable_app, monkeypatch):
     driver.plant_settlement_that_forgets(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=2, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*IntegrityError"):
+    with pytest.raises(
+        SimulationFailure, match=r"(?s)seed 2, step \d+.*(IntegrityError|AlreadyRecorded)"
+    ):
         simulation.run()
 
 
