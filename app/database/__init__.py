@@ -14,6 +14,7 @@ from app.database.connections import (
     execute_durably,
     failure_reason,
     init_database,
+    lock_until_commit,
     runs_alone,
     write_transaction,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "failure_reason",
     "fetch_on_driver",
     "init_database",
+    "lock_until_commit",
     "runs_alone",
     "utc_hour",
     "utcnow",
