@@ -83,8 +83,8 @@ def _moment(literal: str) -> datetime:
     return datetime.fromisoformat(literal).replace(tzinfo=UTC)
 
 
-def add_month_partitions(table: str, *, through: datetime) -> list[str]:
-    """Give ``table`` a partition for every month up to the one ``through`` falls in.
+def add_month_partitions(table: str, *, since: datetime, through: datetime) -> list[str]:
+    """Give ``table`` a partition for every month from ``since``'s to ``through``'s it lacks.
 
     Return the names of the partitions added. Each is created as a table of its own
     (LIKE the parent) and attached, which locks the parent only against other schema
@@ -95,12 +95,17 @@ def add_month_partitions(table: str, *, through: datetime) -> list[str]:
         partitions = partitions_of(connection, table)
         if not partitions:
             return added
-        lower = partitions[-1].upper
+        lower = since.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         while lower <= through:
             upper = month_after(lower)
-            added.append(_attach_month(connection, table, lower, upper))
+            if not any(_covers(partition, lower) for partition in partitions):
+                added.append(_attach_month(connection, table, lower, upper))
             lower = upper
     return added
+
+
+def _covers(partition: Partition, moment: datetime) -> bool:
+    return (partition.lower is None or partition.lower <= moment) and moment < partition.upper
 
 
 def _attach_month(connection: Connection, table: str, lower: datetime, upper: datetime) -> str:
