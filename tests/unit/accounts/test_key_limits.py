@@ -26,7 +26,15 @@ def record_generation(account_id: int, key_id: int, cost: str, created_at) -> No
     amount = Decimal(cost)
     held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60, key_id=key_id)
     generation_id = f"gen-{uuid.uuid4().hex}"
+    # Every column, as a settlement's record has them: defaults are not filled in for
+    # the record of a settlement run as one statement with its rollup.
+    defaults = {
+        column.name: column.default.arg
+        for column in Generation.__table__.columns
+        if column.default is not None and not callable(column.default.arg)
+    }
     record = {
+        **defaults,
         "id": generation_id,
         "account_id": account_id,
         "api_key_id": key_id,
