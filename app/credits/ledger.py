@@ -396,6 +396,12 @@ def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) ->
             if tries and (charged := settled_charge(hold.id, writes.generation_id)) is not None:
                 return charged
             return _settle_with_record(hold, cost, writes)
+        except AlreadyRecorded:
+            if not tries:
+                raise
+            # An earlier try committed after all (its hold had been released): its record
+            # and its charge are there.
+            return _charged(writes.generation_id)
         except RETRYABLE_ERRORS as error:
             tries += 1
             log.warning(
@@ -412,12 +418,18 @@ def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) ->
 def settled_charge(hold_id: str, generation_id: str) -> Decimal | None:
     """Return what the settlement of ``hold_id`` charged, or None if it is not settled."""
     status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
+    db.session.commit()
+    if status != SETTLED:
+        return None
+    return _charged(generation_id)
+
+
+def _charged(generation_id: str) -> Decimal:
+    """Return what the ledger charged for ``generation_id`` (0: nothing)."""
     charged = db.session.scalar(
         select(LedgerEntry.amount).where(LedgerEntry.generation_id == generation_id)
     )
     db.session.commit()
-    if status != SETTLED:
-        return None
     return -charged if charged is not None else Decimal(0)
 
 
