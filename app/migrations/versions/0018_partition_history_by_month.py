@@ -6,16 +6,18 @@ converted in place, its rows never copied:
 
 1. online, while reads and writes go on: a unique index on (id, created_at), and any
    index the partitioned table has that the old one lacks, built CONCURRENTLY; a CHECK
-   that every row is older than the boundary (the first of the month after tomorrow's),
-   added NOT VALID (a moment's ACCESS EXCLUSIVE lock) and then validated (a scan under
-   SHARE UPDATE EXCLUSIVE, which blocks no read or write);
+   that every row is older than the boundary (the first of the month after the table's
+   newest row and after tomorrow), added NOT VALID (a moment's ACCESS EXCLUSIVE lock)
+   and then validated (a scan under SHARE UPDATE EXCLUSIVE, which blocks no read or
+   write);
 2. in one short transaction holding the old table's ACCESS EXCLUSIVE lock (every read
    and write of it waits that long) and SHARE ROW EXCLUSIVE on accounts and api_keys (for
    the new foreign keys: their holds and settlements wait too): the old table is renamed
    and becomes the first partition, below the boundary, with the indexes it has (no
    scan, no index built); months from the boundary on get partitions of their own. Each
    lock waits at most lock_timeout (10 s): a busy database fails the migration rather
-   than stall its requests, and it can be run again.
+   than stall its requests, and it can be run again (a table converted already is
+   left as it is, an index left invalid by an interrupted build is built again).
 
 A partition's primary key must include the partition key: (id, created_at). A generation
 is still recorded once (the ledger looks for its record by id when its hold was not open,
@@ -96,32 +98,68 @@ def month_after(moment):
 def upgrade():
     if op.get_bind().dialect.name != "postgresql":
         return
-    # Tomorrow's month at least: no row written while this runs is past the boundary.
-    boundary = month_after(datetime.now(UTC) + timedelta(days=1))
     for table in TABLES:
+        if _is_partitioned(table):
+            continue
+        boundary = _boundary(table)
         first = f"{table.name}_before_{boundary:%Y_%m}"
         _prepare_online(table, first, boundary)
         _become_partitioned(table, first, boundary)
 
 
+def _is_partitioned(table):
+    found = op.get_bind().exec_driver_sql(
+        f"SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass('{table.name}')"
+    )
+    return found.first() is not None
+
+
+def _boundary(table):
+    """Return the first partition's upper bound: past the table's rows and tomorrow's.
+
+    No row written while the migration runs, nor any row dated ahead, is past it.
+    """
+    latest = op.get_bind().exec_driver_sql(f"SELECT max(created_at) FROM {table.name}").scalar()
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    return month_after(max(tomorrow, latest.replace(tzinfo=UTC)) if latest else tomorrow)
+
+
 def _prepare_online(table, first, boundary):
     """Build what the first partition needs without blocking reads or writes."""
+    indexes = {
+        f"{first}_id_created_at": "UNIQUE INDEX",
+        **{_renamed(name, table, first): "INDEX" for name in table.new_indexes},
+    }
+    columns = {
+        f"{first}_id_created_at": "(id, created_at)",
+        **{
+            _renamed(name, table, first): definition
+            for name, definition in table.new_indexes.items()
+        },
+    }
     with op.get_context().autocommit_block():
-        op.execute(
-            f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {first}_id_created_at "
-            f"ON {table.name} (id, created_at)"
-        )
-        for name, columns in table.new_indexes.items():
+        for name, kind in indexes.items():
+            _drop_if_invalid(name)
             op.execute(
-                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {_renamed(name, table, first)} "
-                f"ON {table.name} {columns}"
+                f"CREATE {kind} CONCURRENTLY IF NOT EXISTS {name} ON {table.name} {columns[name]}"
             )
         op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+        op.execute(f"ALTER TABLE {table.name} DROP CONSTRAINT IF EXISTS {first}_bound")
         op.execute(
             f"ALTER TABLE {table.name} ADD CONSTRAINT {first}_bound "
             f"CHECK (created_at < '{boundary:%Y-%m-%d}') NOT VALID"
         )
+        op.execute("RESET lock_timeout")
         op.execute(f"ALTER TABLE {table.name} VALIDATE CONSTRAINT {first}_bound")
+
+
+def _drop_if_invalid(name):
+    """Drop the index ``name`` if a build of it was interrupted (it is left invalid)."""
+    invalid = op.get_bind().exec_driver_sql(
+        f"SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('{name}') AND NOT indisvalid"
+    )
+    if invalid.first() is not None:
+        op.execute(f"DROP INDEX CONCURRENTLY {name}")
 
 
 def _become_partitioned(table, first, boundary):
@@ -139,7 +177,9 @@ def _become_partitioned(table, first, boundary):
     for name in table.indexes:
         op.execute(f"ALTER INDEX IF EXISTS {name} RENAME TO {_renamed(name, table, first)}")
     for name in table.foreign_keys:
-        op.execute(f"ALTER TABLE {first} RENAME CONSTRAINT {name} TO {_renamed(name, table, first)}")
+        op.execute(
+            f"ALTER TABLE {first} RENAME CONSTRAINT {name} TO {_renamed(name, table, first)}"
+        )
     _create_parent(table, first)
     op.execute(
         f"ALTER TABLE {table.name} ATTACH PARTITION {first} "
@@ -154,7 +194,9 @@ def _create_parent(table, first):
         f"CREATE TABLE {table.name} (LIKE {first} INCLUDING DEFAULTS) "
         "PARTITION BY RANGE (created_at)"
     )
-    op.execute(f"ALTER TABLE {table.name} ADD CONSTRAINT pk_{table.name} PRIMARY KEY (id, created_at)")
+    op.execute(
+        f"ALTER TABLE {table.name} ADD CONSTRAINT pk_{table.name} PRIMARY KEY (id, created_at)"
+    )
     for name, columns in {**table.indexes, **table.new_indexes}.items():
         op.execute(f"CREATE INDEX {name} ON {table.name} {columns}")
     for name, definition in table.foreign_keys.items():
