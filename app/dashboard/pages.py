@@ -118,8 +118,8 @@ def fetch_keyset_page(
 
 def keyset_batches(
     statement: Select[Any], order: Order, position: Position, size: int
-) -> Iterator[Any]:
-    """Yield every row of ``statement``, newest first, ``size`` rows per read.
+) -> Iterator[list[Any]]:
+    """Yield every row of ``statement``, newest first, in lists of ``size`` rows (one read each).
 
     Each batch is a query of its own, ended before its rows are yielded.
     """
@@ -127,9 +127,11 @@ def keyset_batches(
     while True:
         page = statement if cursor is None else statement.where(_older_than(order, cursor))
         batch = page.order_by(*(column.desc() for column in order)).limit(size)
-        rows = db.session.execute(batch).all()
+        # Rows of values, read as Core reads them: no ORM loading per row.
+        rows = db.session.connection().execute(batch).all()
         db.session.commit()
-        yield from rows
+        if rows:
+            yield rows
         if len(rows) < size:
             return
         cursor = position(rows[-1])

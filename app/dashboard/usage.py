@@ -1,25 +1,27 @@
 """An account's usage: totals per model, key and day from its rollups; its generations.
 
-Totals, the chart and the model choices read usage_rollups (one row per key, model and
-UTC hour), so that their cost follows the hours asked for, not the generations in
-them; a filter's dates map onto whole hours. The generations list and the CSV read the
-raw records in pages that start after the last row seen, newest first by (time, id).
+Totals (over the last 30 days unless dates are chosen) and the chart read usage_rollups
+(one row per key, model and UTC hour), so that their cost follows the hours asked for,
+not the generations in them; a filter's dates map onto whole hours. The generations list
+and the CSV read the raw records in pages that start after the last row seen, newest
+first by (time, id).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, String, case, func, select
+from sqlalchemy import BigInteger, ColumnElement, Select, String, case, func, select, type_coerce
 
 from app.auth.models import DELETED, ApiKey
 from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, UsageRollup
 from app.dashboard.pages import Cursor, KeysetPage, fetch_keyset_page, keyset_batches
+from app.database import utc_iso_text
 from app.extensions import db
 from app.generations.models import Generation
 
@@ -50,6 +52,16 @@ class UsageTotal:
     prompt_tokens: int
     completion_tokens: int
     cost: Decimal
+
+
+def with_dates(usage: UsageFilter, *, days: int, today: date) -> UsageFilter:
+    """Return ``usage``, over the ``days`` days ending ``today`` if it names no dates.
+
+    Totals cover a window unless asked for more: what they cost follows the hours in it.
+    """
+    if usage.since or usage.until:
+        return usage
+    return replace(usage, since=today - timedelta(days=days - 1), until=today)
 
 
 def _day_start(day: date) -> datetime:
@@ -112,20 +124,22 @@ def _position_of_record(row: Any) -> Cursor:
 
 
 def _position_of_fields(row: Any) -> Cursor:
-    return Cursor(row.created_at, row.id)
+    return Cursor(datetime.fromisoformat(row.time), row.id)
 
 
-# The CSV's columns of a generation, read as values: a batch outlives its read.
+# The CSV's columns of a generation, read as values (a batch outlives its read) and as
+# the CSV writes them: the time as ISO 8601 text, the cost in money units.
 CSV_FIELDS = (
-    Generation.created_at,
+    utc_iso_text(Generation.created_at).label("time"),
     Generation.id,
     Generation.model,
     Generation.api,
+    Generation.api_key_id,
     Generation.prompt_tokens,
     Generation.cached_tokens,
     Generation.completion_tokens,
     Generation.reasoning_tokens,
-    Generation.cost,
+    type_coerce(Generation.cost, BigInteger).label("cost_units"),
     Generation.latency_ms,
     Generation.status,
     Generation.streamed,
@@ -133,28 +147,34 @@ CSV_FIELDS = (
 )
 
 
-def iter_generations(account_id: int, usage: UsageFilter) -> Iterator[Any]:
-    """Yield every filtered generation's CSV fields, newest first by (time, id).
+def generation_batches(account_id: int, usage: UsageFilter) -> Iterator[list[Any]]:
+    """Yield every filtered generation's CSV fields, newest first by (time, id), in batches.
 
-    A batch at a time, each read on its own: memory stays that of one batch however long
-    the export, and no read stays open while the rows are sent.
+    Each batch is a read of its own: memory stays that of one batch however long the
+    export, and no read stays open while the rows are sent.
     """
-    statement = _generation_rows(account_id, usage, *CSV_FIELDS)
+    statement = _recorded(select(*CSV_FIELDS), account_id, usage)
     yield from keyset_batches(statement, NEWEST_FIRST, _position_of_fields, CSV_BATCH)
 
 
-def _totals(account_id: int, usage: UsageFilter, label: Any, *group: Any) -> list[UsageTotal]:
+def key_names(account_id: int) -> dict[int, str]:
+    """Return the name of each of the account's keys, deleted ones marked, by id."""
+    names = dict(
+        db.session.execute(select(ApiKey.id, KEY_NAME).where(ApiKey.account_id == account_id)).all()
+    )
+    db.session.commit()
+    return names
+
+
+def _totals(
+    statement: Select[Any], account_id: int, usage: UsageFilter, *group: Any
+) -> list[UsageTotal]:
     cost = func.sum(UsageRollup.cost)
-    statement = (
-        select(
-            label,
-            func.sum(UsageRollup.requests),
-            func.sum(UsageRollup.prompt_tokens),
-            func.sum(UsageRollup.completion_tokens),
-            cost,
-        )
-        .select_from(UsageRollup)
-        .outerjoin(ApiKey, ApiKey.id == UsageRollup.api_key_id)
+    statement = statement.add_columns(
+        func.sum(UsageRollup.requests),
+        func.sum(UsageRollup.prompt_tokens),
+        func.sum(UsageRollup.completion_tokens),
+        cost,
     )
     statement = _rolled_up(statement, account_id, usage).group_by(*group).order_by(cost.desc())
     totals = [
@@ -167,14 +187,16 @@ def _totals(account_id: int, usage: UsageFilter, label: Any, *group: Any) -> lis
 
 def totals_by_model(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
     """Return requests, tokens and cost per model, costliest first."""
-    return _totals(account_id, usage, UsageRollup.model, UsageRollup.model)
+    return _totals(select(UsageRollup.model), account_id, usage, UsageRollup.model)
 
 
 def totals_by_key(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
     """Return requests, tokens and cost per key (unkeyed records together), costliest first."""
     # Charges made without a key are filed under NO_KEY, which names no key's row.
     label = func.coalesce(KEY_NAME, "(no key)")
-    return _totals(account_id, usage, label, UsageRollup.api_key_id, KEY_NAME)
+    statement = select(label).select_from(UsageRollup)
+    statement = statement.outerjoin(ApiKey, ApiKey.id == UsageRollup.api_key_id)
+    return _totals(statement, account_id, usage, UsageRollup.api_key_id, KEY_NAME)
 
 
 def daily_spend(account_id: int, *, days: int, today: date) -> dict[tuple[date, str], Decimal]:
@@ -206,16 +228,3 @@ def spend_by_key_since(account_id: int, since: datetime) -> dict[int, Decimal]:
     spend = {row[0]: row[1] for row in db.session.execute(statement)}
     db.session.commit()
     return spend
-
-
-def account_models(account_id: int) -> list[str]:
-    """Return the models the account has used, by name."""
-    statement = (
-        select(UsageRollup.model)
-        .where(UsageRollup.account_id == account_id)
-        .distinct()
-        .order_by(UsageRollup.model)
-    )
-    models = list(db.session.scalars(statement))
-    db.session.commit()
-    return models

@@ -58,6 +58,7 @@ from app.dashboard.security import (
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf
+from app.money import usd_text
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
@@ -69,6 +70,7 @@ bp = Blueprint(
 )
 bp.add_app_template_filter(format_usd, "usd")
 CHART_DAYS = 30
+CSV_CHUNK = 64 * 1024
 # The generations list's place, carried by its Newer and Older links beside the filter.
 PAGING_ARGS = ("before", "after")
 CSV_COLUMNS = (
@@ -356,30 +358,36 @@ def usage_page() -> str:
     """Show daily spend per model, totals per model and key, and the generations."""
     account_id, chosen, today = current_user.account_id, _usage_filter(), utcnow().date()
     spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today)
+    totalled = usage.with_dates(chosen, days=CHART_DAYS, today=today)
+    by_model = usage.totals_by_model(account_id, totalled)
+    used = {total.label for total in by_model} | {chosen.model} - {None}
     return render_template(
         "dashboard/usage.html",
         chart=spend_chart(spend, days=CHART_DAYS, today=today),
         chosen=chosen,
-        by_model=usage.totals_by_model(account_id, chosen),
-        by_key=usage.totals_by_key(account_id, chosen),
+        totalled=totalled,
+        by_model=by_model,
+        by_key=usage.totals_by_key(account_id, totalled),
         page=usage.generations_page(
             account_id,
             chosen,
             before=Cursor.parse(request.args.get("before")),
             after=Cursor.parse(request.args.get("after")),
         ),
-        keys=accounts.account_key_rows(account_id, utcnow()),
-        models=sorted(set(usage.account_models(account_id)) | {m for m, _ in _model_choices()}),
+        keys=accounts.account_keys(account_id),
+        models=sorted(used | {model for model, _ in _model_choices()}),
         filter_args={k: v for k, v in request.args.items() if k not in PAGING_ARGS and v},
     )
 
 
 def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
+    """Yield the CSV's header, then its rows a batch at a time: one write per batch."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
-    for row in usage.iter_generations(account_id, chosen):
-        writer.writerow(_csv_row(row))
+    names = {key_id: _csv_text(name) for key_id, name in usage.key_names(account_id).items()}
+    for batch in usage.generation_batches(account_id, chosen):
+        writer.writerows([_csv_row(row, names) for row in batch])
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
@@ -391,15 +399,28 @@ def _csv_text(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-def _csv_row(generation: Any) -> list[object]:
-    return [
-        generation.created_at.isoformat(), generation.id, _csv_text(generation.model),
-        generation.api, _csv_text(generation.key_name or ""), generation.prompt_tokens,
-        generation.cached_tokens, generation.completion_tokens, generation.reasoning_tokens,
-        f"{generation.cost:f}",
-        generation.latency_ms, generation.status, str(generation.streamed).lower(),
-        str(generation.estimated).lower(),
-    ]  # fmt: skip
+def _csv_row(row: Any, names: dict[int, str]) -> tuple[object, ...]:
+    (
+        time,
+        generation_id,
+        model,
+        api,
+        key_id,
+        prompt_tokens,
+        cached_tokens,
+        completion_tokens,
+        reasoning_tokens,
+        cost_units,
+        latency_ms,
+        status,
+        streamed,
+        estimated,
+    ) = row
+    return (
+        time, generation_id, _csv_text(model), api, names.get(key_id, ""), prompt_tokens,
+        cached_tokens, completion_tokens, reasoning_tokens, usd_text(cost_units), latency_ms,
+        status, "true" if streamed else "false", "true" if estimated else "false",
+    )  # fmt: skip
 
 
 @bp.get("/usage.csv")

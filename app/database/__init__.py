@@ -19,7 +19,7 @@ from app.database.connections import (
     write_transaction,
 )
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
-from app.database.expressions import utc_hour
+from app.database.expressions import utc_hour, utc_iso_text
 from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
 
@@ -42,6 +42,7 @@ __all__ = [
     "lock_until_commit",
     "runs_alone",
     "utc_hour",
+    "utc_iso_text",
     "utcnow",
     "wait_cooperatively",
     "write_transaction",

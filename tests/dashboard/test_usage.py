@@ -117,3 +117,28 @@ def test_totals_come_from_the_rollups_of_the_filtered_hours(history):
     per_model = page.split('id="totals-1"')[1].split("</section>")[0]
     counted = sum(int(n) for n in re.findall(r'<td class="num">(\d+)</td>', per_model))
     assert counted == count
+
+
+def test_totals_cover_the_last_30_days_unless_dates_are_chosen(app, holder_client):
+    client, account_id, _ = holder_client
+    today = utcnow()
+    with app.app_context():
+        db.session.execute(
+            insert(Generation),
+            [
+                {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "account_id": account_id,
+                 "model": model, "cost": Decimal("0.5"), "status": "completed",
+                 "created_at": today - timedelta(days=days)}
+                for model, days in (("dev-chat", 40), ("dev-chat-mini", 1))
+            ],
+        )  # fmt: skip
+        db.session.commit()
+        rebuild_rollups(account_id=account_id)
+
+    window = client.get("/usage").text.split('id="totals-1"')[1].split("</section>")[0]
+    chosen = client.get(f"/usage?from={(today - timedelta(days=60)).date()}").text
+    everything = chosen.split('id="totals-1"')[1].split("</section>")[0]
+
+    assert "dev-chat-mini" in window and "<td>dev-chat</td>" not in window
+    assert "<td>dev-chat</td>" in everything and "dev-chat-mini" in everything
+    assert "the last 30 days, unless dates are chosen" in client.get("/usage").text
