@@ -56,9 +56,16 @@ class LedgerEntry(db.Model):
     __tablename__ = "ledger_entries"
     # A charge writes one index entry by account: (account_id, id) serves the ledger
     # page and the audit's entries since its checkpoint; a grant's idempotency key is
-    # unique among the entries that have one, which charges never do.
+    # unique among the entries that have one, which charges never do; an account's
+    # grants are found among its grants alone (GET /v1/credits).
     __table_args__ = (
         Index("ix_ledger_entries_account_id_id", "account_id", "id"),
+        Index(
+            "ix_ledger_entries_grants",
+            "account_id",
+            sqlite_where=text("kind = 'grant'"),
+            postgresql_where=text("kind = 'grant'"),
+        ),
         Index(
             "uq_ledger_entries_grant_idempotency_key",
             "account_id",

@@ -8,7 +8,8 @@ row, not per request.
 The ledger is read by account in id order (the balance page, and the audit's entries
 since its last checkpoint): an index on (account_id, id) replaces the unique index on
 (account_id, idempotency_key), which every charge wrote with a NULL key; a grant's key
-stays unique among the entries that have one.
+stays unique among the entries that have one. An account's grants are indexed apart
+(GET /v1/credits sums them): no charge writes that index.
 
 audit_checkpoints keeps where each account's last clean audit stopped;
 generation_retention, before when raw generations may have been pruned.
@@ -39,7 +40,9 @@ ROLLUP_INDEXES = {
 OLD_UNIQUE = "uq_ledger_entries_account_id_idempotency_key"
 GRANT_KEY = "uq_ledger_entries_grant_idempotency_key"
 BY_ACCOUNT = "ix_ledger_entries_account_id_id"
+GRANTS = "ix_ledger_entries_grants"
 HAS_KEY = sa.text("idempotency_key IS NOT NULL")
+IS_GRANT = sa.text("kind = 'grant'")
 APPEND_ONLY = "ledger entries are append-only"
 RETENTION_ROW = 1
 
@@ -86,6 +89,13 @@ def _ledger_indexes_on_postgresql():
         op.create_index(
             BY_ACCOUNT, "ledger_entries", ["account_id", "id"], postgresql_concurrently=True
         )
+        op.create_index(
+            GRANTS,
+            "ledger_entries",
+            ["account_id"],
+            postgresql_where=IS_GRANT,
+            postgresql_concurrently=True,
+        )
     op.drop_constraint(OLD_UNIQUE, "ledger_entries", type_="unique")
 
 
@@ -100,6 +110,7 @@ def _ledger_indexes_on_sqlite():
         sqlite_where=HAS_KEY,
     )
     op.create_index(BY_ACCOUNT, "ledger_entries", ["account_id", "id"])
+    op.create_index(GRANTS, "ledger_entries", ["account_id"], sqlite_where=IS_GRANT)
     _append_only_on_sqlite()
 
 
@@ -115,6 +126,7 @@ def _append_only_on_sqlite():
 def downgrade():
     op.drop_table("generation_retention")
     op.drop_table("audit_checkpoints")
+    op.drop_index(GRANTS, table_name="ledger_entries")
     op.drop_index(BY_ACCOUNT, table_name="ledger_entries")
     op.drop_index(GRANT_KEY, table_name="ledger_entries")
     if op.get_bind().dialect.name == "postgresql":
