@@ -11,7 +11,11 @@ out: the kernel's work (sockets, SQLite's file writes and locks: a third of SQLi
 cost), gunicorn's, and time spent waiting; bench/run.py's figures remain the ones the
 targets are about.
 
-    .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--requests 200]
+    .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--key KEY]
+        [--requests 200]
+
+``--key`` calls with a key of the database's own (bench/history.py prints its long
+account's, on tables it filled) instead of a new account's.
 
 valgrind is a Debian package (``apt-get install valgrind``); counting takes about a
 minute per target.
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         with running(upstream_command(port), dict(os.environ), port, upstream_log):
             counts = {target: count(target, args, port, Path(scratch)) for target in TARGETS}
     kind = "stream (20 chunks)" if args.stream else "whole answer"
-    database = "PostgreSQL" if args.database_url else "SQLite"
+    url = args.database_url or ""
+    database = "PostgreSQL" if url.startswith("postgres") else "SQLite"
     print(f"{kind}, gateway on {database}, {args.requests} requests counted per target")
     for target, instructions in counts.items():
         ratio = instructions / counts["floor"]
@@ -70,6 +75,7 @@ def count(target: str, args: argparse.Namespace, upstream_port: int, scratch: Pa
         "--requests", str(args.requests),
         *(["--stream"] if args.stream else []),
         *(["--database-url", args.database_url] if args.database_url else []),
+        *(["--key", args.key] if args.key else []),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
@@ -87,7 +93,7 @@ def serve(args: argparse.Namespace) -> None:
     os.environ["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{args.upstream_port}/v1/chat/completions"
     key = None
     if args.serve == "gateway":
-        key = configure_gateway(scratch, args.upstream_port, args.database_url)
+        key = configure_gateway(scratch, args.upstream_port, args.database_url, args.key)
         from wsgi import app
     else:
         from bench.floor_app import app
@@ -103,16 +109,19 @@ def serve(args: argparse.Namespace) -> None:
     subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
 
 
-def configure_gateway(scratch: Path, upstream_port: int, database_url: str | None) -> str:
+def configure_gateway(
+    scratch: Path, upstream_port: int, database_url: str | None, key: str | None = None
+) -> str:
     """Set this process's environment for the gateway app; return a funded key.
 
     Production settings, metrics in multiprocess mode, in front of the fake upstream, on
-    ``database_url`` or a SQLite file in ``scratch``. The app is to be imported after.
+    ``database_url`` or a SQLite file in ``scratch``; ``key``, one of the database's, or
+    a new account's. The app is to be imported after.
     """
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(scratch)
     database = database_url or f"sqlite:///{scratch / 'gateway.sqlite3'}"
     env = {**base_env(0, 1, 100), **gateway_env(database, bench_catalog(scratch, upstream_port))}
-    key = funded_key(env)
+    key = key or funded_key(env)
     os.environ.update(env)
     return key
 
@@ -145,6 +154,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream", action="store_true", help="count streamed requests")
     parser.add_argument("--database-url", help="PostgreSQL URL for the gateway (else SQLite)")
     parser.add_argument("--requests", type=int, default=200, help="counted per target")
+    parser.add_argument("--key", help="an API key of the database's, funded (else a new one)")
     parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
