@@ -90,9 +90,9 @@ def add_month_partitions(table: str, *, since: datetime, through: datetime) -> l
     (LIKE the parent) and attached, which locks the parent only against other schema
     changes, never against its reads and writes.
     """
-    added = []
-    with _autocommit() as connection:
-        partitions = partitions_of(connection, table)
+    added: list[str] = []
+    with _autocommit(table) as connection:
+        partitions = connection and partitions_of(connection, table)
         if not partitions:
             return added
         lower = since.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -122,8 +122,11 @@ def drop_partitions_before(table: str, moment: datetime) -> list[str]:
 
     The newest partition always stays, so that the table keeps a place for new rows.
     """
-    dropped = []
-    with _autocommit() as connection:
+    dropped: list[str] = []
+    with _autocommit(table) as connection:
+        if connection is None:
+            return dropped
+        dropped += _finish_detaching(connection, table)
         partitions = partitions_of(connection, table) or []
         for partition in partitions[:-1]:
             if partition.upper > moment:
@@ -137,25 +140,41 @@ def drop_partitions_before(table: str, moment: datetime) -> list[str]:
     return dropped
 
 
-def finish_detaching(table: str) -> None:
-    """Finish a DETACH ... CONCURRENTLY that was interrupted, and drop what it detached."""
-    with _autocommit() as connection:
-        if connection.dialect.name != "postgresql":
-            return
-        pending = connection.scalars(
-            text(
-                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                "WHERE i.inhparent = to_regclass(:table) AND i.inhdetachpending"
-            ),
-            {"table": table},
-        ).all()
-        for name in pending:
-            connection.execute(text(f"ALTER TABLE {table} DETACH PARTITION {name} FINALIZE"))
-            connection.execute(text(f"DROP TABLE {name}"))
+def _finish_detaching(connection: Connection, table: str) -> list[str]:
+    """Finish the DETACH ... CONCURRENTLY that were interrupted; drop what they detached."""
+    pending = connection.scalars(
+        text(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass(:table) AND i.inhdetachpending"
+        ),
+        {"table": table},
+    ).all()
+    for name in pending:
+        connection.execute(text(f"ALTER TABLE {table} DETACH PARTITION {name} FINALIZE"))
+        connection.execute(text(f"DROP TABLE {name}"))
+    return list(pending)
 
 
 @contextmanager
-def _autocommit() -> Iterator[Connection]:
-    """Yield a connection in autocommit: DETACH ... CONCURRENTLY runs in no transaction."""
+def _autocommit(table: str) -> Iterator[Connection | None]:
+    """Yield a connection in autocommit (DETACH ... CONCURRENTLY runs in no transaction).
+
+    None on a database that partitions nothing, or while another process changes
+    ``table``'s partitions (every worker's sweeper tries): this one leaves it to that one.
+    """
+    if db.engine.dialect.name != "postgresql":
+        yield None
+        return
     with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        yield connection
+        name = {"name": f"partitions of {table}"}
+        if not connection.scalar(text(_TRY_LOCK), name):
+            yield None
+            return
+        try:
+            yield connection
+        finally:
+            connection.execute(text(_UNLOCK), name)
+
+
+_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(:name, 0))"
+_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(:name, 0))"
