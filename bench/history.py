@@ -101,9 +101,11 @@ def seed(database_url: str, holders: list[Holder], scratch: Path):  # noqa: ANN2
     from flask_migrate import upgrade
 
     from app import create_app
+    from config.settings import normalize_database_url
 
     catalog = bench_catalog(scratch, free_port())
-    config = {"SQLALCHEMY_DATABASE_URI": database_url, "MODEL_CATALOG": str(catalog)}
+    url = normalize_database_url(database_url)
+    config = {"SQLALCHEMY_DATABASE_URI": url, "MODEL_CATALOG": str(catalog)}
     app = create_app("testing", config)
     with app.app_context():
         upgrade()
@@ -163,7 +165,8 @@ SELECT :name || '-' || n, :account_id,
     CASE WHEN n % 10 = 0 THEN NULL WHEN n % 2 = 0 THEN :key_1 ELSE :key_2 END,
     (ARRAY[:model_1, :model_2, :model_3])[1 + n % 3], 'chat', 100 + n % 50, 20 + n % 30,
     0, 0, 0, 0, (100 + n % 50) * :prompt_units + (20 + n % 30) * :completion_units, 0,
-    :prompt_units * 1000000, :completion_units * 1000000, 0, 0, :prompt_units * 1000000,
+    CAST(:prompt_units AS bigint) * 1000000, CAST(:completion_units AS bigint) * 1000000, 0,
+    0, CAST(:prompt_units AS bigint) * 1000000,
     'completed', 'stop', n % 4 = 0, false, 100 + n % 900,
     CAST(:end AS timestamp) - n * CAST(:step AS interval), 'req-' || n
 FROM generate_series(1, :count) AS n
