@@ -30,13 +30,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import requests
+from flask import Flask
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -96,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def seed(database_url: str, holders: list[Holder], scratch: Path):  # noqa: ANN201
+def seed(database_url: str, holders: list[Holder], scratch: Path) -> Flask:
     """Migrate the database and give each holder its account, keys and history."""
     from flask_migrate import upgrade
 
@@ -269,7 +270,7 @@ def analyze() -> None:
 
 
 @contextmanager
-def serving(database_url: str, catalog: Path, scratch: Path):  # noqa: ANN201
+def serving(database_url: str, catalog: Path, scratch: Path) -> Iterator[str]:
     """Serve the gateway on the database, one gevent worker; yield its base URL."""
     port = free_port()
     env = {**base_env(port, 1, 100), **gateway_env(database_url, catalog)}
@@ -381,7 +382,7 @@ def print_table(timings: dict[str, dict[str, list[float]]]) -> None:
         print(f"{name:28} {long:9.1f} {short:9.1f} {long / short:6.2f} {long - short:7.1f}")
 
 
-def time_audits(app, holder: Holder) -> None:  # noqa: ANN001
+def time_audits(app: Flask, holder: Holder) -> None:
     """Time the long account's audit: --full, then since the checkpoint it leaves."""
     from app.generations.audit import audit_ledger
 
