@@ -1,4 +1,4 @@
-"""Operator commands: ``flask accounts|credits|keys|catalog|ledger ...``.
+"""Operator commands: ``flask accounts|credits|keys|catalog|ledger|usage ...``.
 
 Each command parses its arguments, calls one domain function and echoes the result.
 A command that issues a key prints the value alone on the last line of stdout, so that
@@ -33,6 +33,7 @@ from app.credits.accounts import (
 )
 from app.credits.errors import IdempotencyConflict
 from app.generations.audit import audit_ledger
+from app.generations.rollups import rebuild_rollups
 from app.providers.base import Route
 from app.providers.cooldown import upstream_cooldowns
 
@@ -63,6 +64,7 @@ credits_cli = OperatorGroup("credits", help="Add credits to accounts.")
 keys_cli = OperatorGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
 catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
 ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
+usage_cli = OperatorGroup("usage", help="Keep the hourly usage rollups.")
 demo_cli = OperatorGroup("demo", help="Set up the demo account of a fresh checkout.")
 
 DEMO_EMAIL = "demo@example.com"
@@ -273,14 +275,16 @@ def route_state(route: Route) -> str:
 @click.option(
     "--account", "account_ids", type=int, multiple=True, help="Check only this account (repeat)."
 )
-def audit_command(account_ids: tuple[int, ...]) -> None:
-    """Check balance = sum of ledger and every charge against its prices; exit 1 on a mismatch.
+@click.option("--full", is_flag=True, help="Re-check everything, not only what is new.")
+def audit_command(account_ids: tuple[int, ...], full: bool) -> None:
+    """Check balance = sum of ledger, every charge against its prices, the usage rollups.
 
-    Generations charged less than their price (the balance or the key's limit ran out)
-    are listed as shortfalls, and streams charged from their last recorded progress (their
-    worker stopped) as estimated: the books still add up.
+    Each account from its last clean checkpoint on (``--full``: from the start); exit 1
+    on a mismatch. Generations charged less than their price (the balance or the key's
+    limit ran out) are listed as shortfalls, and streams charged from their last recorded
+    progress (their worker stopped) as estimated: the books still add up.
     """
-    report = audit_ledger(account_ids or None)
+    report = audit_ledger(account_ids or None, full=full)
     for mismatch in report.mismatches:
         click.echo(f"mismatch: {mismatch}", err=True)
     for shortfall in report.shortfalls:
@@ -294,6 +298,19 @@ def audit_command(account_ids: tuple[int, ...]) -> None:
     )
     if report.mismatches:
         raise SystemExit(1)
+
+
+@usage_cli.command("rebuild")
+@click.option("--account", "account_id", type=int, help="Rebuild only this account's rollups.")
+def rebuild_usage_command(account_id: int | None) -> None:
+    """Recompute the usage rollups from the raw generations (the hours all of whose are kept)."""
+    with operator_errors():
+        report = rebuild_rollups(account_id=account_id)
+    since = f" from {report.first_hour:%Y-%m-%d %H:00} UTC on" if report.first_hour else ""
+    click.echo(
+        f"rebuilt {report.rollups} hourly rollups of {report.accounts} accounts from "
+        f"{report.generations} generations{since}"
+    )
 
 
 @demo_cli.command("setup")
@@ -319,6 +336,7 @@ GROUPS: tuple[AppGroup, ...] = (
     keys_cli,
     catalog_cli,
     ledger_cli,
+    usage_cli,
     demo_cli,
 )
 

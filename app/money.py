@@ -22,3 +22,14 @@ def money_units(value: Decimal | int | None) -> int | None:
     if value is None:
         return None
     return int(to_money(Decimal(value)) * UNITS_PER_USD)
+
+
+def usd_text(units: int) -> str:
+    """Return ``units`` of MONEY_QUANTUM as USD text, as ``f"{amount:f}"`` prints the amount.
+
+    Integer arithmetic only: for exports that print many amounts read as stored.
+    """
+    whole, fraction = divmod(units, UNITS_PER_USD)
+    if not fraction:
+        return str(whole)
+    return f"{whole}.{fraction:010d}".rstrip("0")

@@ -8,15 +8,18 @@ request is doing: waiting for an upstream through retries, generating a whole an
 or writing to a caller who stopped reading; one UPDATE for all of them. A dead worker
 renews nothing, so its holds expire after HOLD_TTL_SECONDS, and ending an expired hold
 from any worker is safe: a hold whose stream recorded progress is settled at it, any
-other is released; the conditional UPDATEs of the ledger end each hold once. Records
-past their time (Idempotency-Key claims, stored Responses API responses) are deleted at
-every sweep, a batch at a time.
+other is released; the conditional UPDATEs of the ledger end each hold once. Each sweep
+also prunes what has outlived its time: Idempotency-Key records past their 24 hours,
+stored Responses API responses past RESPONSES_TTL_DAYS, and generations past
+GENERATION_RETENTION_DAYS, a small batch per transaction; and on PostgreSQL it adds the
+coming months' partitions and drops the expired ones.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
@@ -28,9 +31,10 @@ from app.credits.ledger import (
     release_expired_holds,
 )
 from app.extensions import db
-from app.generations.idempotency import prune_expired_claims
+from app.generations.idempotency import drop_expired_months, prune_expired_claims
 from app.generations.lifecycle import progress_of, settle_interrupted
 from app.generations.live import LiveHolds, live_holds
+from app.generations.retention import add_partitions_ahead, prune_generations
 from app.observability.trace import close_trace, open_trace
 from app.responses.store import prune_expired_responses
 
@@ -112,6 +116,27 @@ def _settle_interrupted_streams() -> int:
     return len(interrupted)
 
 
+def keep_history(app: Flask) -> int:
+    """Add the partitioned tables' months ahead; prune generations past their retention.
+
+    Return how many generations were deleted (a dropped month's are not counted).
+    """
+    days = app.config["GENERATION_RETENTION_DAYS"]
+    with app.app_context():
+        try:
+            add_partitions_ahead()
+            if days is None:
+                return 0
+            pruned = prune_generations(older_than=timedelta(days=days))
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("keeping the history's partitions and retention failed; will retry")
+            return 0
+    if pruned:
+        log.info("pruned %d generations older than %d days", pruned, days)
+    return pruned
+
+
 # Deleted per statement, so that pruning a day's backlog never holds long locks.
 PRUNE_BATCH_SIZE = 500
 
@@ -126,6 +151,7 @@ def prune_idempotency_records(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) ->
                 batch = prune_expired_claims(batch_size=batch_size)
                 pruned += batch
                 time.sleep(0)  # let the worker's requests run between batches
+            drop_expired_months()
         except SQLAlchemyError:
             db.session.rollback()
             log.exception("pruning idempotency records failed; will retry")
@@ -166,3 +192,4 @@ def run_sweeper(app: Flask) -> None:
             sweep_expired_holds(app)
             prune_idempotency_records(app)
             prune_stored_responses(app)
+            keep_history(app)

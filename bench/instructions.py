@@ -11,11 +11,13 @@ out: the kernel's work (sockets, SQLite's file writes and locks: a third of SQLi
 cost), gunicorn's, and time spent waiting; bench/run.py's figures remain the ones the
 targets are about.
 
-    .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--requests 200]
-        [--api responses]
+    .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--key KEY]
+        [--requests 200] [--api responses]
 
 ``--api responses`` also counts the gateway answering the same request through the
 Responses API (POST /v1/responses, stored as by default), beside its chat completion.
+``--key`` calls with a key of the database's own (bench/history.py prints its long
+account's, on tables it filled) instead of a new account's.
 
 valgrind is a Debian package (``apt-get install valgrind``); counting takes about a
 minute per target.
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
             targets = TARGETS if args.api == "responses" else TARGETS[:2]
             counts = {target: count(target, args, port, Path(scratch)) for target in targets}
     kind = "stream (20 chunks)" if args.stream else "whole answer"
-    database = "PostgreSQL" if args.database_url else "SQLite"
+    url = args.database_url or ""
+    database = "PostgreSQL" if url.startswith("postgres") else "SQLite"
     print(f"{kind}, gateway on {database}, {args.requests} requests counted per target")
     for target, instructions in counts.items():
         ratio = instructions / counts["floor"]
@@ -81,6 +84,7 @@ def count(target: str, args: argparse.Namespace, upstream_port: int, scratch: Pa
         "--requests", str(args.requests),
         *(["--stream"] if args.stream else []),
         *(["--database-url", args.database_url] if args.database_url else []),
+        *(["--key", args.key] if args.key else []),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
@@ -100,7 +104,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.serve == "floor":
         from bench.floor_app import app
     else:
-        key = configure_gateway(scratch, args.upstream_port, args.database_url)
+        key = configure_gateway(scratch, args.upstream_port, args.database_url, args.key)
         from wsgi import app
     body = request_body(args.serve, args.stream)
     path = PATHS[args.serve]
@@ -126,16 +130,19 @@ def request_body(target: str, stream: bool) -> bytes:
     ).encode()
 
 
-def configure_gateway(scratch: Path, upstream_port: int, database_url: str | None) -> str:
+def configure_gateway(
+    scratch: Path, upstream_port: int, database_url: str | None, key: str | None = None
+) -> str:
     """Set this process's environment for the gateway app; return a funded key.
 
     Production settings, metrics in multiprocess mode, in front of the fake upstream, on
-    ``database_url`` or a SQLite file in ``scratch``. The app is to be imported after.
+    ``database_url`` or a SQLite file in ``scratch``; ``key``, one of the database's, or
+    a new account's. The app is to be imported after.
     """
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(scratch)
     database = database_url or f"sqlite:///{scratch / 'gateway.sqlite3'}"
     env = {**base_env(0, 1, 100), **gateway_env(database, bench_catalog(scratch, upstream_port))}
-    key = funded_key(env)
+    key = key or funded_key(env)
     os.environ.update(env)
     return key
 
@@ -174,6 +181,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="chat",
         help="responses: also count the same request through the Responses API",
     )
+    parser.add_argument("--key", help="an API key of the database's, funded (else a new one)")
     parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -48,6 +48,9 @@ class Config:
     HOLD_TTL_SECONDS = 900
     # A stored Responses API response (``store``) is kept this long, then the sweeper deletes it.
     RESPONSES_TTL_DAYS = 30
+    # Days raw generation records are kept; None keeps them forever. Older ones are
+    # pruned by every worker's sweeper; the ledger and the usage rollups stay.
+    GENERATION_RETENTION_DAYS: int | None = None
     # How often a worker records what its streams delivered (one UPDATE for all of them):
     # at most this much of a stream's text goes unbilled if the worker is killed.
     STREAM_PROGRESS_SECONDS = 1.0
@@ -163,6 +166,7 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("MODEL_CATALOG", "MODEL_CATALOG", str),
     ("HOLD_TTL_SECONDS", "HOLD_TTL_SECONDS", _positive_int),
     ("RESPONSES_TTL_DAYS", "RESPONSES_TTL_DAYS", _positive_int),
+    ("GENERATION_RETENTION_DAYS", "GENERATION_RETENTION_DAYS", _positive_int),
     ("DATABASE_POOL_SIZE", "DATABASE_POOL_SIZE", _positive_int),
     ("SIGNUP", "SIGNUP", _signup_mode),
     ("LOG_FORMAT", "LOG_FORMAT", _log_format),

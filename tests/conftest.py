@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 import requests
 import sqlalchemy
+from flask import Flask
 from flask_migrate import upgrade
 
 from app import create_app
+from app.extensions import db
 from config.settings import normalize_database_url
 from tests.factories import AccountFactory
 
@@ -76,6 +78,31 @@ def app(database_url: str):
     with app.app_context():
         upgrade()
     yield app
+
+
+@pytest.fixture
+def disposable_app(database_url: str, tmp_path) -> Iterator[Flask]:
+    """The app on a database of its own, for a ledger broken on purpose, or pruned.
+
+    Pruning's marks are the whole database's.
+    The session's database must stay consistent for the other tests' audits.
+    """
+    if database_url.startswith("sqlite"):
+        yield _migrated_app(f"sqlite:///{tmp_path / 'disposable.sqlite3'}")
+        return
+    for url in _fresh_postgres_database(os.environ["TEST_DATABASE_URL"]):
+        app = _migrated_app(url)
+        yield app
+        with app.app_context():
+            # Its connections must be closed before the database can be dropped.
+            db.engine.dispose()
+
+
+def _migrated_app(url: str) -> Flask:
+    app = create_app("testing", {"SQLALCHEMY_DATABASE_URI": url, "MODEL_CATALOG": TEST_CATALOG})
+    with app.app_context():
+        upgrade()
+    return app
 
 
 @pytest.fixture

@@ -16,3 +16,12 @@ class InsufficientCredits(APIError):
 
 class IdempotencyConflict(ValueError):
     """An idempotency key was reused for a different operation."""
+
+
+class AlreadyRecorded(Exception):
+    """A settlement's record was written before, by a settlement of the same hold.
+
+    A generation is recorded once. On a table partitioned by time (PostgreSQL's
+    generations), a record's id alone is no unique key; a settlement of a hold that was
+    no longer open looks for its record first, and writes nothing if it is there.
+    """

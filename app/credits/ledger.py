@@ -30,14 +30,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, literal_column, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
 from app.credits import statements
-from app.credits.errors import IdempotencyConflict
+from app.credits.errors import AlreadyRecorded, IdempotencyConflict
 from app.credits.models import (
     CHARGE,
     EXPIRED,
@@ -378,11 +378,14 @@ class _Writes:
     generation_id: str
     record: BoundStatement | None
     rollup: Rollup | None
+    # The record names no key (its key's row is gone): its rollup is filed under NO_KEY
+    # too, so that the two agree.
+    keyless: bool = False
 
     def without_key(self) -> _Writes:
         """Return these writes, the record naming no key."""
         statement, row = self.record
-        return replace(self, record=(statement, {**row, "api_key_id": None}))
+        return replace(self, record=(statement, {**row, "api_key_id": None}), keyless=True)
 
 
 def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
@@ -393,6 +396,12 @@ def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) ->
             if tries and (charged := settled_charge(hold.id, writes.generation_id)) is not None:
                 return charged
             return _settle_with_record(hold, cost, writes)
+        except AlreadyRecorded:
+            if not tries:
+                raise
+            # An earlier try committed after all (its hold had been released): its record
+            # and its charge are there.
+            return _charged(writes.generation_id)
         except RETRYABLE_ERRORS as error:
             tries += 1
             log.warning(
@@ -409,12 +418,18 @@ def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) ->
 def settled_charge(hold_id: str, generation_id: str) -> Decimal | None:
     """Return what the settlement of ``hold_id`` charged, or None if it is not settled."""
     status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
+    db.session.commit()
+    if status != SETTLED:
+        return None
+    return _charged(generation_id)
+
+
+def _charged(generation_id: str) -> Decimal:
+    """Return what the ledger charged for ``generation_id`` (0: nothing)."""
     charged = db.session.scalar(
         select(LedgerEntry.amount).where(LedgerEntry.generation_id == generation_id)
     )
     db.session.commit()
-    if status != SETTLED:
-        return None
     return -charged if charged is not None else Decimal(0)
 
 
@@ -459,7 +474,7 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         shape = (statement, tuple(row))
         parameters = {statements.RECORD_PREFIX + name: value for name, value in row.items()}
     if writes.rollup is not None:
-        parameters.update(_rollup_parameters(hold, writes.rollup, cost, cost))
+        parameters.update(_rollup_parameters(hold, writes, cost, cost))
     now = utcnow()
     parameters.update(
         hold_id=hold.id,
@@ -489,6 +504,8 @@ def _settle_steps(
     released = execute_on_driver(
         connection, statements.CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED}
     )
+    if released != 1 and writes.record is not None:
+        _refuse_if_recorded(connection, writes.record)
     # An expired hold was released by the sweeper: nothing of it is reserved any more.
     reserved = hold.amount if released == 1 else Decimal(0)
     charge = cost if cost <= reserved else _payable(connection, hold, cost, reserved)
@@ -525,9 +542,22 @@ def _settle_steps(
         statement, row = writes.record
         execute_on_driver(connection, statement, _with_charge(row, cost, charge))
     if writes.rollup is not None:
-        parameters = _rollup_parameters(hold, writes.rollup, cost, charge)
+        parameters = _rollup_parameters(hold, writes, cost, charge)
         execute_on_driver(connection, statements.ROLL_UP, parameters)
     return charge
+
+
+def _refuse_if_recorded(connection: Connection, record: BoundStatement) -> None:
+    """Raise AlreadyRecorded if ``record``'s row (by its id alone) is there already.
+
+    A hold found not open was settled or released before: its generation may be recorded
+    already, and a record's id is unique only with its time where the table is
+    partitioned by time. Its row is looked for in every partition.
+    """
+    statement, row = record
+    table = statement.table
+    if connection.execute(select(table.c.id).where(table.c.id == row["id"])).first():
+        raise AlreadyRecorded(f"generation {row['id']} is recorded already")
 
 
 def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[str, Any]:
@@ -536,13 +566,15 @@ def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[st
 
 
 def _rollup_parameters(
-    hold: HeldCredit, rollup: Rollup, cost: Decimal, charge: Decimal
+    hold: HeldCredit, writes: _Writes, cost: Decimal, charge: Decimal
 ) -> dict[str, Any]:
     """Return ROLL_UP's parameters: one request, its tokens, its charge and shortfall."""
     prefix = statements.ROLLUP_PREFIX
+    rollup = writes.rollup
+    keyless = writes.keyless or hold.key_id is None
     return {
         prefix + "account_id": hold.account_id,
-        prefix + "api_key_id": hold.key_id if hold.key_id is not None else NO_KEY,
+        prefix + "api_key_id": NO_KEY if keyless else hold.key_id,
         prefix + "model": rollup.model,
         prefix + "hour": rollup.hour,
         prefix + "requests": 1,
@@ -719,16 +751,21 @@ class CreditSummary:
 
 
 def credit_summary(account_id: int) -> CreditSummary:
-    """Return what was granted to and charged from the account, and its balance."""
-    rows = db.session.execute(
-        select(LedgerEntry.kind, func.sum(LedgerEntry.amount))
-        .where(LedgerEntry.account_id == account_id)
-        .group_by(LedgerEntry.kind)
-    ).all()
-    db.session.commit()
-    sums = {kind: total for kind, total in rows}
-    return CreditSummary(
-        granted=sums.get(GRANT, Decimal(0)),
-        used=-sums.get(CHARGE, Decimal(0)),
-        balance=account_money(account_id).balance,
+    """Return what was granted to and charged from the account, and its balance.
+
+    The grants are summed (through an index of grants alone), and what was charged is
+    what they leave beyond the balance, which is the ledger's sum: however many charges
+    the account has, they are not read.
+    """
+    # A literal, so that the planner sees the partial index's own condition.
+    granted = (
+        select(func.sum(LedgerEntry.amount))
+        .where(LedgerEntry.account_id == Account.id, LedgerEntry.kind == literal_column("'grant'"))
+        .scalar_subquery()
     )
+    balance, total = db.session.execute(
+        select(Account.balance, granted).where(Account.id == account_id)
+    ).one()
+    db.session.commit()
+    total = total or Decimal(0)
+    return CreditSummary(granted=total, used=total - balance, balance=balance)

@@ -10,7 +10,6 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
-    UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -55,9 +54,27 @@ class LedgerEntry(db.Model):
     """
 
     __tablename__ = "ledger_entries"
-    # Its first column serves lookups by account too: a second index would only cost
-    # every charge one more write.
-    __table_args__ = (UniqueConstraint("account_id", "idempotency_key"),)
+    # A charge writes one index entry by account: (account_id, id) serves the ledger
+    # page and the audit's entries since its checkpoint; a grant's idempotency key is
+    # unique among the entries that have one, which charges never do; an account's
+    # grants are found among its grants alone (GET /v1/credits).
+    __table_args__ = (
+        Index("ix_ledger_entries_account_id_id", "account_id", "id"),
+        Index(
+            "ix_ledger_entries_grants",
+            "account_id",
+            sqlite_where=text("kind = 'grant'"),
+            postgresql_where=text("kind = 'grant'"),
+        ),
+        Index(
+            "uq_ledger_entries_grant_idempotency_key",
+            "account_id",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
@@ -116,6 +133,13 @@ class UsageRollup(db.Model):
     """
 
     __tablename__ = "usage_rollups"
+    # A settlement updates its row's sums, never these columns: the indexes are written
+    # once an hour per row, not per request. Reads by time name the account, or the key.
+    __table_args__ = (
+        Index("ix_usage_rollups_account_id_hour", "account_id", "hour"),
+        Index("ix_usage_rollups_account_id_api_key_id_hour", "account_id", "api_key_id", "hour"),
+        Index("ix_usage_rollups_hour", "hour"),
+    )
 
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
     # The key's id, or NO_KEY; no foreign key, as a rollup outlives the key's row.

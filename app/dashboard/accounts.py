@@ -34,13 +34,20 @@ def find_account_key(account_id: int, key_id: int) -> ApiKey | None:
     )
 
 
+def account_keys(account_id: int) -> list[ApiKey]:
+    """Return the account's keys (not deleted), newest first."""
+    return list(
+        db.session.scalars(
+            select(ApiKey)
+            .where(ApiKey.account_id == account_id, ApiKey.state != DELETED)
+            .order_by(ApiKey.id.desc())
+        )
+    )
+
+
 def account_key_rows(account_id: int, now: datetime) -> list[KeyRow]:
     """Return the account's keys (not deleted), newest first, with their spend this month."""
-    keys = db.session.scalars(
-        select(ApiKey)
-        .where(ApiKey.account_id == account_id, ApiKey.state != DELETED)
-        .order_by(ApiKey.id.desc())
-    )
+    keys = account_keys(account_id)
     spend = spend_by_key_since(account_id, month_start(now.astimezone(UTC)))
     return [KeyRow(key, spend.get(key.id, Decimal(0))) for key in keys]
 

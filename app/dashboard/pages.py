@@ -1,12 +1,13 @@
-"""One page of a long listing: the rows, and whether there are pages before and after."""
+"""One page of a long listing: the rows, and how to reach the pages before and after."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Select
+from sqlalchemy import Select, and_, or_
 
 from app.extensions import db
 
@@ -34,3 +35,103 @@ def fetch_page(statement: Select[Any], number: int, per_page: int = PER_PAGE) ->
         has_previous=number > 1,
         has_next=len(rows) > per_page,
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A row's place in a listing ordered by time then id: where a keyset page starts."""
+
+    moment: datetime
+    id: str
+
+    def __str__(self) -> str:
+        """Render for a URL: microseconds since the epoch, then the id."""
+        return f"{(self.moment - _EPOCH) // _MICROSECOND}_{self.id}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor | None:
+        """Return the cursor ``text`` renders, or None if it renders none."""
+        micros, _, row_id = (text or "").partition("_")
+        if not micros.isdigit() or not row_id or len(micros) > 18:
+            return None
+        return cls(_EPOCH + int(micros) * _MICROSECOND, row_id)
+
+
+@dataclass(frozen=True)
+class KeysetPage(Generic[Row]):
+    """Rows of a listing newest first, and the cursors of the pages around them (None: none)."""
+
+    items: Sequence[Row]
+    newer: Cursor | None
+    older: Cursor | None
+
+
+# A listing's order: its time column and its id column, newest first.
+Order = tuple[Any, Any]
+Position = Callable[[Any], Cursor]
+
+
+def _older_than(order: Order, cursor: Cursor) -> Any:
+    # The time alone bounds the index scan; the id breaks ties between rows of one time.
+    moment, row_id = order
+    return and_(moment <= cursor.moment, or_(moment < cursor.moment, row_id < cursor.id))
+
+
+def _newer_than(order: Order, cursor: Cursor) -> Any:
+    moment, row_id = order
+    return and_(moment >= cursor.moment, or_(moment > cursor.moment, row_id > cursor.id))
+
+
+def fetch_keyset_page(
+    statement: Select[Any],
+    order: Order,
+    position: Position,
+    *,
+    before: Cursor | None = None,
+    after: Cursor | None = None,
+    per_page: int = PER_PAGE,
+) -> KeysetPage[Any]:
+    """Return the rows just older than ``before``, just newer than ``after``, or the newest.
+
+    No OFFSET: a page costs the same however deep in the listing it is. ``position``
+    gives a row's cursor.
+    """
+    if after is not None:
+        ascending = statement.where(_newer_than(order, after)).order_by(*order)
+        rows = db.session.execute(ascending.limit(per_page + 1)).all()
+        items = rows[:per_page][::-1]
+        newer = position(items[0]) if len(rows) > per_page else None
+        return KeysetPage(items, newer, position(items[-1]) if items else after)
+    if before is not None:
+        statement = statement.where(_older_than(order, before))
+    descending = statement.order_by(*(column.desc() for column in order))
+    rows = db.session.execute(descending.limit(per_page + 1)).all()
+    items = rows[:per_page]
+    newer = position(items[0]) if before is not None and items else None
+    older = position(items[-1]) if len(rows) > per_page else None
+    return KeysetPage(items, newer, older)
+
+
+def keyset_batches(
+    statement: Select[Any], order: Order, position: Position, size: int
+) -> Iterator[list[Any]]:
+    """Yield every row of ``statement``, newest first, in lists of ``size`` rows (one read each).
+
+    Each batch is a query of its own, ended before its rows are yielded.
+    """
+    cursor = None
+    while True:
+        page = statement if cursor is None else statement.where(_older_than(order, cursor))
+        batch = page.order_by(*(column.desc() for column in order)).limit(size)
+        # Rows of values, read as Core reads them: no ORM loading per row.
+        rows = db.session.connection().execute(batch).all()
+        db.session.commit()
+        if rows:
+            yield rows
+        if len(rows) < size:
+            return
+        cursor = position(rows[-1])

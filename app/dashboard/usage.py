@@ -1,22 +1,36 @@
-"""An account's usage: its generations filtered, totalled per model and key, and per day."""
+"""An account's usage: totals per model, key and day from its rollups; its generations.
+
+Totals (over the last 30 days unless dates are chosen) and the chart read usage_rollups
+(one row per key, model and UTC hour), so that their cost follows the hours asked for,
+not the generations in them; a filter's dates map onto whole hours. The generations list
+and the CSV read the raw records in pages that start after the last row seen, newest
+first by (time, id).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, String, case, func, select
+from sqlalchemy import BigInteger, ColumnElement, Select, String, case, func, select, type_coerce
 
 from app.auth.models import DELETED, ApiKey
-from app.dashboard.pages import Page, fetch_page
+from app.credits.ledger import hour_of
+from app.credits.models import NO_KEY, UsageRollup
+from app.dashboard.pages import Cursor, KeysetPage, fetch_keyset_page, keyset_batches
+from app.database import utc_iso_text
 from app.extensions import db
 from app.generations.models import Generation
 
 # A deleted key's generations keep its name, marked, so that past spend stays attributed.
 KEY_NAME = case((ApiKey.state == DELETED, ApiKey.name + " (deleted)"), else_=ApiKey.name)
+# The generations listed newest first, each page after the last row of the one before.
+NEWEST_FIRST = (Generation.created_at, Generation.id)
+# Rows of the CSV read per query: each batch is a read of its own.
+CSV_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -40,109 +54,177 @@ class UsageTotal:
     cost: Decimal
 
 
+def with_dates(usage: UsageFilter, *, days: int, today: date) -> UsageFilter:
+    """Return ``usage``, over the ``days`` days ending ``today`` if it names no dates.
+
+    Totals cover a window unless asked for more: what they cost follows the hours in it.
+    """
+    if usage.since or usage.until:
+        return usage
+    return replace(usage, since=today - timedelta(days=days - 1), until=today)
+
+
 def _day_start(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=UTC)
 
 
-def _filtered(statement: Select[Any], account_id: int, usage: UsageFilter) -> Select[Any]:
-    statement = statement.where(Generation.account_id == account_id)
+def _conditions(
+    usage: UsageFilter, key: ColumnElement[Any], model: Any, moment: Any
+) -> list[ColumnElement[bool]]:
+    """Return ``usage`` as conditions on a table's key, model and time columns."""
+    conditions = []
     if usage.key_id is not None:
-        statement = statement.where(Generation.api_key_id == usage.key_id)
+        conditions.append(key == usage.key_id)
     if usage.model:
-        statement = statement.where(Generation.model == usage.model)
+        conditions.append(model == usage.model)
     if usage.since:
-        statement = statement.where(Generation.created_at >= _day_start(usage.since))
+        conditions.append(moment >= _day_start(usage.since))
     if usage.until:
-        statement = statement.where(
-            Generation.created_at < _day_start(usage.until + timedelta(days=1))
-        )
-    return statement
+        conditions.append(moment < _day_start(usage.until + timedelta(days=1)))
+    return conditions
 
 
-def _generation_rows(account_id: int, usage: UsageFilter) -> Select[Any]:
-    statement = select(Generation, KEY_NAME.label("key_name")).outerjoin(
+def _rolled_up(statement: Select[Any], account_id: int, usage: UsageFilter) -> Select[Any]:
+    # A day starts on an hour: the filter's dates cover whole rollup rows.
+    conditions = _conditions(usage, UsageRollup.api_key_id, UsageRollup.model, UsageRollup.hour)
+    return statement.where(UsageRollup.account_id == account_id, *conditions)
+
+
+def _recorded(statement: Select[Any], account_id: int, usage: UsageFilter) -> Select[Any]:
+    conditions = _conditions(usage, Generation.api_key_id, Generation.model, Generation.created_at)
+    return statement.where(Generation.account_id == account_id, *conditions)
+
+
+def _generation_rows(account_id: int, usage: UsageFilter, *columns: Any) -> Select[Any]:
+    statement = select(*columns, KEY_NAME.label("key_name")).outerjoin(
         ApiKey, ApiKey.id == Generation.api_key_id
     )
-    return _filtered(statement, account_id, usage).order_by(
-        Generation.created_at.desc(), Generation.id.desc()
+    return _recorded(statement, account_id, usage)
+
+
+def generations_page(
+    account_id: int,
+    usage: UsageFilter,
+    *,
+    before: Cursor | None = None,
+    after: Cursor | None = None,
+) -> KeysetPage[Any]:
+    """Return the page of the account's generations older than ``before`` or newer than ``after``.
+
+    Neither: the newest. Newest first, by time then id.
+    """
+    statement = _generation_rows(account_id, usage, Generation)
+    return fetch_keyset_page(
+        statement, NEWEST_FIRST, _position_of_record, before=before, after=after
     )
 
 
-def generations_page(account_id: int, usage: UsageFilter, number: int) -> Page[Any]:
-    """Return page ``number`` of the account's generations, newest first."""
-    return fetch_page(_generation_rows(account_id, usage), number)
+def _position_of_record(row: Any) -> Cursor:
+    return Cursor(row[0].created_at, row[0].id)
 
 
-def iter_generations(account_id: int, usage: UsageFilter) -> Iterator[Any]:
-    """Yield every filtered generation, newest first, a batch at a time (for CSV export)."""
-    statement = _generation_rows(account_id, usage).execution_options(yield_per=500)
-    yield from db.session.execute(statement)
+def _position_of_fields(row: Any) -> Cursor:
+    return Cursor(datetime.fromisoformat(row.time), row.id)
 
 
-def _totals(account_id: int, usage: UsageFilter, label: Any, *group: Any) -> list[UsageTotal]:
-    cost = func.sum(Generation.cost)
-    statement = (
-        select(
-            label,
-            func.count(Generation.id),
-            func.coalesce(func.sum(Generation.prompt_tokens), 0),
-            func.coalesce(func.sum(Generation.completion_tokens), 0),
-            cost,
-        )
-        .select_from(Generation)
-        .outerjoin(ApiKey, ApiKey.id == Generation.api_key_id)
+# The CSV's columns of a generation, read as values (a batch outlives its read) and as
+# the CSV writes them: the time as ISO 8601 text, the cost in money units.
+CSV_FIELDS = (
+    utc_iso_text(Generation.created_at).label("time"),
+    Generation.id,
+    Generation.model,
+    Generation.api,
+    Generation.api_key_id,
+    Generation.prompt_tokens,
+    Generation.cached_tokens,
+    Generation.completion_tokens,
+    Generation.reasoning_tokens,
+    type_coerce(Generation.cost, BigInteger).label("cost_units"),
+    Generation.latency_ms,
+    Generation.status,
+    Generation.streamed,
+    Generation.estimated,
+)
+
+
+def generation_batches(account_id: int, usage: UsageFilter) -> Iterator[list[Any]]:
+    """Yield every filtered generation's CSV fields, newest first by (time, id), in batches.
+
+    Each batch is a read of its own: memory stays that of one batch however long the
+    export, and no read stays open while the rows are sent.
+    """
+    statement = _recorded(select(*CSV_FIELDS), account_id, usage)
+    yield from keyset_batches(statement, NEWEST_FIRST, _position_of_fields, CSV_BATCH)
+
+
+def key_names(account_id: int) -> dict[int, str]:
+    """Return the name of each of the account's keys, deleted ones marked, by id."""
+    names = dict(
+        db.session.execute(select(ApiKey.id, KEY_NAME).where(ApiKey.account_id == account_id)).all()
     )
-    statement = _filtered(statement, account_id, usage).group_by(*group).order_by(cost.desc())
-    return [
-        UsageTotal(str(r[0]), r[1], int(r[2]), int(r[3]), r[4] or Decimal(0))
+    db.session.commit()
+    return names
+
+
+def _totals(
+    statement: Select[Any], account_id: int, usage: UsageFilter, *group: Any
+) -> list[UsageTotal]:
+    cost = func.sum(UsageRollup.cost)
+    statement = statement.add_columns(
+        func.sum(UsageRollup.requests),
+        func.sum(UsageRollup.prompt_tokens),
+        func.sum(UsageRollup.completion_tokens),
+        cost,
+    )
+    statement = _rolled_up(statement, account_id, usage).group_by(*group).order_by(cost.desc())
+    totals = [
+        UsageTotal(str(r[0]), int(r[1]), int(r[2]), int(r[3]), r[4] or Decimal(0))
         for r in db.session.execute(statement)
     ]
+    db.session.commit()
+    return totals
 
 
 def totals_by_model(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
     """Return requests, tokens and cost per model, costliest first."""
-    return _totals(account_id, usage, Generation.model, Generation.model)
+    return _totals(select(UsageRollup.model), account_id, usage, UsageRollup.model)
 
 
 def totals_by_key(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
     """Return requests, tokens and cost per key (unkeyed records together), costliest first."""
+    # Charges made without a key are filed under NO_KEY, which names no key's row.
     label = func.coalesce(KEY_NAME, "(no key)")
-    return _totals(account_id, usage, label, Generation.api_key_id, KEY_NAME)
+    statement = select(label).select_from(UsageRollup)
+    statement = statement.outerjoin(ApiKey, ApiKey.id == UsageRollup.api_key_id)
+    return _totals(statement, account_id, usage, UsageRollup.api_key_id, KEY_NAME)
 
 
 def daily_spend(account_id: int, *, days: int, today: date) -> dict[tuple[date, str], Decimal]:
     """Return the cost per (UTC day, model) over the ``days`` days ending ``today``."""
     first = today - timedelta(days=days - 1)
     # SQLite's date() answers text, PostgreSQL's a date: both print as YYYY-MM-DD.
-    day = func.date(Generation.created_at, type_=String)
-    statement = _filtered(
-        select(day, Generation.model, func.sum(Generation.cost)),
+    day = func.date(UsageRollup.hour, type_=String)
+    statement = _rolled_up(
+        select(day, UsageRollup.model, func.sum(UsageRollup.cost)),
         account_id,
         UsageFilter(since=first, until=today),
-    ).group_by(day, Generation.model)
-    return {
+    ).group_by(day, UsageRollup.model)
+    spend = {
         (date.fromisoformat(str(row[0])[:10]), row[1]): row[2]
         for row in db.session.execute(statement)
     }
+    db.session.commit()
+    return spend
 
 
 def spend_by_key_since(account_id: int, since: datetime) -> dict[int, Decimal]:
-    """Return each key's spend since ``since``."""
+    """Return each key's spend from the UTC hour of ``since`` on."""
     statement = (
-        select(Generation.api_key_id, func.sum(Generation.cost))
-        .where(Generation.account_id == account_id, Generation.created_at >= since)
-        .where(Generation.api_key_id.is_not(None))
-        .group_by(Generation.api_key_id)
+        select(UsageRollup.api_key_id, func.sum(UsageRollup.cost))
+        .where(UsageRollup.account_id == account_id, UsageRollup.hour >= hour_of(since))
+        .where(UsageRollup.api_key_id != NO_KEY)
+        .group_by(UsageRollup.api_key_id)
     )
-    return {row[0]: row[1] for row in db.session.execute(statement)}
-
-
-def account_models(account_id: int) -> list[str]:
-    """Return the models the account has used, by name."""
-    statement = (
-        select(Generation.model)
-        .where(Generation.account_id == account_id)
-        .distinct()
-        .order_by(Generation.model)
-    )
-    return list(db.session.scalars(statement))
+    spend = {row[0]: row[1] for row in db.session.execute(statement)}
+    db.session.commit()
+    return spend

@@ -7,6 +7,7 @@ import io
 import secrets
 from collections.abc import Iterator
 from datetime import date
+from typing import Any
 
 from flask import (
     Blueprint,
@@ -46,6 +47,7 @@ from app.dashboard.forms import (
     SignInForm,
     SignUpForm,
 )
+from app.dashboard.pages import Cursor
 from app.dashboard.security import (
     admin_required,
     sign_in_address,
@@ -56,7 +58,7 @@ from app.dashboard.security import (
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf
-from app.generations.models import Generation
+from app.money import usd_text
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
@@ -68,6 +70,9 @@ bp = Blueprint(
 )
 bp.add_app_template_filter(format_usd, "usd")
 CHART_DAYS = 30
+CSV_CHUNK = 64 * 1024
+# The generations list's place, carried by its Newer and Older links beside the filter.
+PAGING_ARGS = ("before", "after")
 CSV_COLUMNS = (
     "time", "id", "model", "api", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
     "reasoning_tokens", "cost_usd", "latency_ms", "status", "streamed", "estimated",
@@ -353,25 +358,36 @@ def usage_page() -> str:
     """Show daily spend per model, totals per model and key, and the generations."""
     account_id, chosen, today = current_user.account_id, _usage_filter(), utcnow().date()
     spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today)
+    totalled = usage.with_dates(chosen, days=CHART_DAYS, today=today)
+    by_model = usage.totals_by_model(account_id, totalled)
+    used = {total.label for total in by_model} | {chosen.model} - {None}
     return render_template(
         "dashboard/usage.html",
         chart=spend_chart(spend, days=CHART_DAYS, today=today),
         chosen=chosen,
-        by_model=usage.totals_by_model(account_id, chosen),
-        by_key=usage.totals_by_key(account_id, chosen),
-        page=usage.generations_page(account_id, chosen, request.args.get("page", 1, type=int)),
-        keys=accounts.account_key_rows(account_id, utcnow()),
-        models=sorted(set(usage.account_models(account_id)) | {m for m, _ in _model_choices()}),
-        filter_args={k: v for k, v in request.args.items() if k != "page" and v},
+        totalled=totalled,
+        by_model=by_model,
+        by_key=usage.totals_by_key(account_id, totalled),
+        page=usage.generations_page(
+            account_id,
+            chosen,
+            before=Cursor.parse(request.args.get("before")),
+            after=Cursor.parse(request.args.get("after")),
+        ),
+        keys=accounts.account_keys(account_id),
+        models=sorted(used | {model for model, _ in _model_choices()}),
+        filter_args={k: v for k, v in request.args.items() if k not in PAGING_ARGS and v},
     )
 
 
 def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
+    """Yield the CSV's header, then its rows a batch at a time: one write per batch."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
-    for generation, key_name in usage.iter_generations(account_id, chosen):
-        writer.writerow(_csv_row(generation, key_name))
+    names = {key_id: _csv_text(name) for key_id, name in usage.key_names(account_id).items()}
+    for batch in usage.generation_batches(account_id, chosen):
+        writer.writerows([_csv_row(row, names) for row in batch])
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
@@ -383,15 +399,28 @@ def _csv_text(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-def _csv_row(generation: Generation, key_name: str | None) -> list[object]:
-    return [
-        generation.created_at.isoformat(), generation.id, _csv_text(generation.model),
-        generation.api, _csv_text(key_name or ""), generation.prompt_tokens,
-        generation.cached_tokens, generation.completion_tokens, generation.reasoning_tokens,
-        f"{generation.cost:f}",
-        generation.latency_ms, generation.status, str(generation.streamed).lower(),
-        str(generation.estimated).lower(),
-    ]  # fmt: skip
+def _csv_row(row: Any, names: dict[int, str]) -> tuple[object, ...]:
+    (
+        time,
+        generation_id,
+        model,
+        api,
+        key_id,
+        prompt_tokens,
+        cached_tokens,
+        completion_tokens,
+        reasoning_tokens,
+        cost_units,
+        latency_ms,
+        status,
+        streamed,
+        estimated,
+    ) = row
+    return (
+        time, generation_id, _csv_text(model), api, names.get(key_id, ""), prompt_tokens,
+        cached_tokens, completion_tokens, reasoning_tokens, usd_text(cost_units), latency_ms,
+        status, "true" if streamed else "false", "true" if estimated else "false",
+    )  # fmt: skip
 
 
 @bp.get("/usage.csv")

@@ -14,10 +14,12 @@ from app.database.connections import (
     execute_durably,
     failure_reason,
     init_database,
+    lock_until_commit,
     runs_alone,
     write_transaction,
 )
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
+from app.database.expressions import utc_hour, utc_iso_text
 from app.database.notices import ChangeNotices, change_notices
 from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
@@ -40,7 +42,10 @@ __all__ = [
     "failure_reason",
     "fetch_on_driver",
     "init_database",
+    "lock_until_commit",
     "runs_alone",
+    "utc_hour",
+    "utc_iso_text",
     "utcnow",
     "wait_cooperatively",
     "write_transaction",

@@ -21,6 +21,7 @@ from sqlalchemy import (
     create_engine,
     event,
     exc,
+    text,
 )
 from sqlalchemy.engine import Connection, Engine
 
@@ -133,6 +134,20 @@ def write_transaction(
         return _transaction(work)
     except StatementsNotSent as lost:
         raise lost.error from None
+
+
+_ADVISORY_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))")
+
+
+def lock_until_commit(connection: Connection, name: str) -> None:
+    """Hold a lock named ``name`` until ``connection``'s transaction ends.
+
+    For a rule no unique index can keep (a partitioned table's unique keys must include
+    its partition key): transactions that take the same name run one after the other.
+    PostgreSQL takes an advisory lock; SQLite's write transactions run one at a time.
+    """
+    if connection.dialect.name == "postgresql":
+        connection.execute(_ADVISORY_LOCK, {"name": name})
 
 
 def failure_reason(error: exc.DBAPIError) -> str:

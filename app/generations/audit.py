@@ -1,26 +1,68 @@
-"""Check the ledger's invariants and every generation's charge against its prices."""
+"""Check the ledger's invariants, every generation's charge, and the rollups of generations.
+
+An audit checks each account's books from its last clean checkpoint on: its balance
+against the ledger (the sum up to the checkpoint, plus the entries after it), its open
+holds, the generations recorded since, and the usage rollups of the hours since, against
+their generations. A clean account's checkpoint then moves to the rows written an hour
+(SETTLING) before the audit began, which are surely committed; an account with a
+mismatch keeps its checkpoint, so that the mismatch is reported again until it is mended.
+``full`` re-checks everything, whatever the checkpoints say.
+
+The generations are re-priced in SQL, and only those it finds charged otherwise than at
+their prices (or short, or estimated) are read and re-priced in Python, which words the
+report: an audit reads what changed since its checkpoint, not the whole history. Rows
+changed in place after they were checked are found by a full audit.
+"""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import (
+    BigInteger,
+    and_,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    type_coerce,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import aliased
 
 from app.catalog.pricing import Pricing, cost_of
+from app.credits.ledger import hour_of
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
+from app.database import utcnow, write_transaction
 from app.extensions import db
-from app.generations.models import INTERRUPTED, Generation
+from app.generations.models import INTERRUPTED, AuditCheckpoint, Generation
+from app.generations.rollups import rollup_mismatches
+from app.money import UNITS_PER_USD
 from app.providers.base import Usage
+
+# A row written this long before an audit began is committed by the time it reads: a
+# checkpoint covers only such rows, so that none still being written is passed over.
+SETTLING = timedelta(hours=1)
+# Accounts checked per query.
+CHUNK = 500
 
 
 @dataclass(frozen=True)
 class Mismatch:
-    """One broken invariant: what it concerns and how."""
+    """One broken invariant: what it concerns and how; and whose account it is."""
 
     subject: str
     problem: str
+    account_id: int | None = None
 
     def __str__(self) -> str:
         """Render as one line for the operator."""
@@ -52,97 +94,196 @@ class AuditReport:
     estimated: list[Mismatch] = field(default_factory=list)
 
 
-def audit_ledger(account_ids: Collection[int] | None = None) -> AuditReport:
-    """Check balance = sum of ledger, reserved = sum of open holds, and every charge.
+@dataclass(frozen=True)
+class _Scope:
+    """The accounts audited together: those whose generations are checked from ``since``."""
 
-    With ``account_ids``, only those accounts and their generations are checked.
+    account_ids: list[int]
+    since: datetime | None
+    full: bool
+
+
+def audit_ledger(account_ids: Collection[int] | None = None, *, full: bool = False) -> AuditReport:
+    """Check balance = sum of ledger, reserved = sum of open holds, every charge, the rollups.
+
+    With ``account_ids``, only those accounts. Each account from its last clean
+    checkpoint on, or from the start with ``full`` (or without a checkpoint).
     """
-    account_mismatches, accounts = _account_mismatches(account_ids)
-    generation_problems, generations = _generation_mismatches(account_ids)
-    db.session.commit()
-    listed: dict[type, list[Mismatch]] = {Mismatch: [], Shortfall: [], Estimated: []}
-    for problem in generation_problems:
-        listed[type(problem)].append(problem)
-    return AuditReport(
-        accounts,
-        generations,
-        account_mismatches + listed[Mismatch],
-        listed[Shortfall],
-        listed[Estimated],
+    horizon = utcnow() - SETTLING
+    found: dict[type, list[Mismatch]] = {Mismatch: [], Shortfall: [], Estimated: []}
+    accounts = generations = 0
+    for scope in _scopes(account_ids, full):
+        problems, checked = _audit_scope(scope)
+        accounts, generations = accounts + len(scope.account_ids), generations + checked
+        for problem in problems:
+            found[type(problem)].append(problem)
+        _move_checkpoints(scope, problems, horizon)
+    return AuditReport(accounts, generations, found[Mismatch], found[Shortfall], found[Estimated])
+
+
+def _scopes(account_ids: Collection[int] | None, full: bool) -> Iterator[_Scope]:
+    """Yield the accounts to audit, CHUNK at a time, grouped by where their checks start."""
+    query = select(Account.id, AuditCheckpoint.checked_until).outerjoin(
+        AuditCheckpoint, AuditCheckpoint.account_id == Account.id
     )
+    if account_ids is not None:
+        query = query.where(Account.id.in_(list(account_ids)))
+    starts: dict[datetime | None, list[int]] = defaultdict(list)
+    for account_id, checked_until in db.session.execute(query.order_by(Account.id)):
+        starts[None if full else checked_until].append(account_id)
+    db.session.commit()
+    for since, ids in starts.items():
+        for first in range(0, len(ids), CHUNK):
+            yield _Scope(ids[first : first + CHUNK], since, full or since is None)
 
 
-def _account_mismatches(account_ids: Collection[int] | None) -> tuple[list[Mismatch], int]:
-    ledger = (
-        select(LedgerEntry.account_id, func.sum(LedgerEntry.amount).label("total"))
-        .group_by(LedgerEntry.account_id)
-        .subquery()
+def _audit_scope(scope: _Scope) -> tuple[list[Mismatch], int]:
+    """Return what is wrong with the scope's accounts, and how many generations were checked."""
+    problems = list(_account_mismatches(scope))
+    generation_problems, checked = _generation_mismatches(scope)
+    first_hour = None if scope.since is None else hour_of(scope.since)
+    rollup_problems = [
+        Mismatch(subject, problem, account_id)
+        for account_id, subject, problem in rollup_mismatches(scope.account_ids, first_hour)
+    ]
+    db.session.commit()
+    return problems + generation_problems + rollup_problems, checked
+
+
+def _account_mismatches(scope: _Scope) -> Iterator[Mismatch]:
+    """Check each account's balance against its ledger, and what it reserves against its holds.
+
+    One statement, so that the balance and the ledger are read at one moment: the ledger
+    is the checkpoint's sum plus the entries after its last one.
+    """
+    last_entry = literal(0) if scope.full else func.coalesce(AuditCheckpoint.ledger_entry_id, 0)
+    later = (
+        select(func.sum(LedgerEntry.amount))
+        .where(LedgerEntry.account_id == Account.id, LedgerEntry.id > last_entry)
+        .scalar_subquery()
     )
     holds = (
         select(Hold.account_id, func.sum(Hold.amount).label("total"))
-        .where(Hold.status == OPEN)
+        .where(Hold.status == OPEN, Hold.account_id.in_(scope.account_ids))
         .group_by(Hold.account_id)
         .subquery()
     )
     query = (
-        select(Account.id, Account.balance, Account.reserved, ledger.c.total, holds.c.total)
-        .outerjoin(ledger, ledger.c.account_id == Account.id)
-        .outerjoin(holds, holds.c.account_id == Account.id)
-    )
-    if account_ids is not None:
-        query = query.where(Account.id.in_(account_ids))
-    rows = db.session.execute(query).all()
-    mismatches = []
-    for account_id, balance, reserved, ledger_total, held_total in rows:
-        mismatches.extend(
-            _account_problems(account_id, balance, reserved, ledger_total, held_total)
+        select(
+            Account.id,
+            Account.balance,
+            Account.reserved,
+            AuditCheckpoint.ledger_sum,
+            later,
+            holds.c.total,
         )
-    return mismatches, len(rows)
+        .outerjoin(AuditCheckpoint, AuditCheckpoint.account_id == Account.id)
+        .outerjoin(holds, holds.c.account_id == Account.id)
+        .where(Account.id.in_(scope.account_ids))
+    )
+    for account_id, balance, reserved, summed, added, held in db.session.execute(query):
+        ledger_sum = (Decimal(0) if scope.full else summed or Decimal(0)) + (added or Decimal(0))
+        yield from _account_problems(account_id, balance, reserved, ledger_sum, held)
 
 
 def _account_problems(
     account_id: int,
     balance: Decimal,
     reserved: Decimal,
-    ledger_total: Decimal | None,
+    ledger_sum: Decimal,
     held_total: Decimal | None,
 ) -> Iterator[Mismatch]:
-    ledger_sum = ledger_total or Decimal(0)
     held_sum = held_total or Decimal(0)
     subject = f"account {account_id}"
     if balance != ledger_sum:
-        yield Mismatch(subject, f"balance ${balance:f} but the ledger sums to ${ledger_sum:f}")
+        problem = f"balance ${balance:f} but the ledger sums to ${ledger_sum:f}"
+        yield Mismatch(subject, problem, account_id)
     if reserved != held_sum:
-        yield Mismatch(subject, f"reserved ${reserved:f} but open holds sum to ${held_sum:f}")
+        problem = f"reserved ${reserved:f} but open holds sum to ${held_sum:f}"
+        yield Mismatch(subject, problem, account_id)
     if balance < 0:
-        yield Mismatch(subject, f"negative balance ${balance:f}")
+        yield Mismatch(subject, f"negative balance ${balance:f}", account_id)
 
 
-def _generation_mismatches(account_ids: Collection[int] | None) -> tuple[list[Mismatch], int]:
-    charges = (
-        select(LedgerEntry.generation_id, LedgerEntry.amount)
-        .where(LedgerEntry.kind == CHARGE)
-        .subquery()
+def _units(column: Any) -> Any:
+    """``column`` as the integer it is stored as (money in units of 1e-10 USD)."""
+    return type_coerce(column, BigInteger)
+
+
+def priced_in_sql() -> Any:
+    """Return a generation's price in money units, computed in SQL exactly as cost_of does.
+
+    Each price (units per million tokens) is split into whole units per token and the
+    rest, so that no product outgrows 64 bits; the rest is rounded half up once, as
+    to_money rounds the exact sum (all of it is positive).
+    """
+    # Token counts are 32-bit columns: their sums and products are taken in 64 bits.
+    prompt, cached, cache_write, image, completion = (
+        cast(column, BigInteger)
+        for column in (
+            Generation.prompt_tokens,
+            Generation.cached_tokens,
+            Generation.cache_write_tokens,
+            Generation.prompt_image_tokens,
+            Generation.completion_tokens,
+        )
     )
-    query = select(Generation, charges.c.amount).outerjoin(
-        charges, charges.c.generation_id == Generation.id
+    plain = prompt - cached - cache_write - image
+    terms = (
+        (case((plain > 0, plain), else_=0), Generation.price_prompt),
+        (cached, Generation.price_cached_read),
+        (cache_write, Generation.price_cache_write),
+        (image, Generation.price_image),
+        (completion, Generation.price_completion),
     )
-    if account_ids is not None:
-        query = query.where(Generation.account_id.in_(account_ids))
-    mismatches, count = [], 0
+    million = literal(1_000_000, BigInteger)
+    whole = [tokens * (_units(price) // million) for tokens, price in terms]
+    rest = [tokens * (_units(price) % million) for tokens, price in terms]
+    return (
+        sum(whole[1:], whole[0])
+        + (sum(rest[1:], rest[0]) + literal(500_000, BigInteger)) // million
+    )
+
+
+def _generation_mismatches(scope: _Scope) -> tuple[list[Mismatch], int]:
+    """Check the scope's generations since its start; return their problems and count.
+
+    SQL picks the generations whose charge differs from their price or from the ledger's
+    charge, or that were short or estimated; Python re-prices those and words them.
+    """
+    recorded = [Generation.account_id.in_(scope.account_ids)]
+    if scope.since is not None:
+        recorded.append(Generation.created_at >= scope.since)
+    count = db.session.scalar(select(func.count()).select_from(Generation).where(*recorded))
+    charged = func.coalesce(-_units(LedgerEntry.amount), 0)
+    suspect = or_(
+        Generation.status == INTERRUPTED,
+        _units(Generation.shortfall) != 0,
+        _units(Generation.cost) != priced_in_sql(),
+        _units(Generation.cost) != charged,
+    )
+    query = (
+        select(Generation, LedgerEntry.amount)
+        .outerjoin(
+            LedgerEntry,
+            and_(LedgerEntry.generation_id == Generation.id, LedgerEntry.kind == CHARGE),
+        )
+        .where(*recorded, suspect)
+    )
+    problems = []
     for generation, charge in db.session.execute(query.execution_options(yield_per=1000)):
-        count += 1
-        mismatches.extend(_generation_problems(generation, -(charge or Decimal(0))))
-    return mismatches, count
+        problems.extend(_generation_problems(generation, -(charge or Decimal(0))))
+    return problems, count
 
 
 def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[Mismatch]:
-    subject = f"generation {generation.id}"
+    subject, account_id = f"generation {generation.id}", generation.account_id
     if generation.status == INTERRUPTED:
         yield Estimated(
             subject,
             f"charged ${generation.cost:f} for {generation.completion_tokens} completion "
             "tokens, as its stream last recorded: its worker stopped before the stream ended",
+            account_id,
         )
     priced = cost_of(
         Usage(
@@ -161,12 +302,75 @@ def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[M
         ),
     )
     if generation.shortfall and generation.cost + generation.shortfall == priced:
-        yield Shortfall(
-            subject,
-            f"priced at ${priced:f}, charged ${generation.cost:f}: "
-            f"${generation.shortfall:f} unpaid",
+        problem = (
+            f"priced at ${priced:f}, charged ${generation.cost:f}: ${generation.shortfall:f} unpaid"
         )
+        yield Shortfall(subject, problem, account_id)
     elif generation.cost != priced:
-        yield Mismatch(subject, f"cost ${generation.cost:f} but its tokens price at ${priced:f}")
+        problem = f"cost ${generation.cost:f} but its tokens price at ${priced:f}"
+        yield Mismatch(subject, problem, account_id)
     if charged != generation.cost:
-        yield Mismatch(subject, f"cost ${generation.cost:f} but the ledger charged ${charged:f}")
+        problem = f"cost ${generation.cost:f} but the ledger charged ${charged:f}"
+        yield Mismatch(subject, problem, account_id)
+
+
+def _move_checkpoints(scope: _Scope, problems: list[Mismatch], horizon: datetime) -> None:
+    """Move the checkpoints of the scope's accounts found clean to ``horizon``."""
+    troubled = {problem.account_id for problem in problems if type(problem) is Mismatch}
+    clean = [account_id for account_id in scope.account_ids if account_id not in troubled]
+    if clean:
+        write_transaction(
+            lambda connection: _write_checkpoints(connection, clean, scope.full, horizon)
+        )
+
+
+def _write_checkpoints(
+    connection: Connection, account_ids: list[int], full: bool, horizon: datetime
+) -> None:
+    """Replace the accounts' checkpoints: the ledger up to its last entry before ``horizon``.
+
+    A full audit sums the ledger from its first entry again.
+    """
+    old_last = literal(0) if full else func.coalesce(AuditCheckpoint.ledger_entry_id, 0)
+    old_sum = (
+        literal(0, BigInteger) if full else func.coalesce(_units(AuditCheckpoint.ledger_sum), 0)
+    )
+    entry = aliased(LedgerEntry)
+    new_last = func.coalesce(
+        select(func.max(entry.id))
+        .where(entry.account_id == Account.id, entry.id > old_last, entry.created_at < horizon)
+        # Read inside the sum's subquery too: the account and checkpoint are the outer ones.
+        .correlate_except(entry)
+        .scalar_subquery(),
+        old_last,
+    )
+    added = (
+        select(func.sum(_units(LedgerEntry.amount)))
+        .where(
+            LedgerEntry.account_id == Account.id,
+            LedgerEntry.id > old_last,
+            LedgerEntry.id <= new_last,
+        )
+        .scalar_subquery()
+    )
+    rows = connection.execute(
+        select(Account.id, new_last, old_sum + func.coalesce(added, 0))
+        .outerjoin(AuditCheckpoint, AuditCheckpoint.account_id == Account.id)
+        .where(Account.id.in_(account_ids))
+    ).all()
+    connection.execute(delete(AuditCheckpoint).where(AuditCheckpoint.account_id.in_(account_ids)))
+    now = utcnow()
+    connection.execute(
+        insert(AuditCheckpoint.__table__).values(
+            [
+                {
+                    "account_id": account_id,
+                    "ledger_entry_id": last,
+                    "ledger_sum": Decimal(units) / UNITS_PER_USD,
+                    "checked_until": horizon,
+                    "checked_at": now,
+                }
+                for account_id, last, units in rows
+            ]
+        )
+    )

@@ -30,7 +30,8 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from app.credits.models import OPEN, Hold
-from app.database import utcnow, write_transaction
+from app.database import lock_until_commit, utcnow, write_transaction
+from app.database.partitions import drop_partitions_before
 from app.errors import APIError
 from app.extensions import db
 from app.generations.models import COMPLETED, Generation, IdempotentRequest
@@ -130,14 +131,18 @@ def claim_key(
     """
     generation_id = new_generation_id()
 
-    def claim(connection: Connection) -> int:
+    def claim(connection: Connection) -> int | None:
+        # One claim of a key at a time: on PostgreSQL claims are partitioned by month,
+        # and no unique index spans the partitions.
+        lock_until_commit(connection, f"idempotency-key:{account_id}:{key}")
+        this_key = (IdempotentRequest.account_id == account_id, IdempotentRequest.key == key)
         connection.execute(
             delete(IdempotentRequest).where(
-                IdempotentRequest.account_id == account_id,
-                IdempotentRequest.key == key,
-                IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW,
+                *this_key, IdempotentRequest.created_at < utcnow() - REPLAY_WINDOW
             )
         )
+        if connection.execute(select(IdempotentRequest.id).where(*this_key)).first():
+            return None
         return connection.execute(
             insert(IdempotentRequest)
             .values(
@@ -151,9 +156,11 @@ def claim_key(
         ).scalar_one()
 
     try:
-        return Claim(id=write_transaction(claim), generation_id=generation_id)
+        claimed = write_transaction(claim)
     except IntegrityError:
-        pass
+        claimed = None
+    if claimed is not None:
+        return Claim(id=claimed, generation_id=generation_id)
     retry = {
         "account_id": account_id,
         "key": key,
@@ -247,6 +254,11 @@ def prune_expired_claims(*, batch_size: int) -> int:
         db.session.execute(delete(IdempotentRequest).where(IdempotentRequest.id.in_(ids)))
     db.session.commit()
     return len(ids)
+
+
+def drop_expired_months() -> list[str]:
+    """Drop the months of claims all past the replay window, where claims are partitioned."""
+    return drop_partitions_before(IdempotentRequest.__tablename__, utcnow() - REPLAY_WINDOW)
 
 
 def store_answer(claim: Claim, response_body: bytes) -> None:

@@ -86,3 +86,37 @@ class IdempotentRequest(db.Model):
     streamed: Mapped[bool] = mapped_column(default=False)
     response = mapped_column(LargeBinary, nullable=True)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow, index=True)
+
+
+class AuditCheckpoint(db.Model):
+    """How far ``flask ledger audit`` found an account's books clean, to start from next time.
+
+    The ledger up to entry ``ledger_entry_id`` summed to ``ledger_sum``; generations
+    recorded from ``checked_until`` on, and the usage rollups of its hour and after, are
+    the ones the next audit checks.
+    """
+
+    __tablename__ = "audit_checkpoints"
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    ledger_entry_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    ledger_sum = mapped_column(Money, nullable=False)
+    checked_until = mapped_column(UTCDateTime, nullable=False)
+    checked_at = mapped_column(UTCDateTime, nullable=False)
+
+
+class GenerationRetention(db.Model):
+    """The one row saying how far raw generations were pruned (GENERATION_RETENTION_DAYS).
+
+    ``pruned_before`` is moved before any row is deleted, so that every generation
+    recorded since is still there: the hours from then on are the ones whose usage
+    rollups can be checked against, or rebuilt from, their generations.
+    ``swept_before`` is moved once every generation before it is gone, so that the next
+    pruning looks only at what came after.
+    """
+
+    __tablename__ = "generation_retention"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pruned_before = mapped_column(UTCDateTime, nullable=True)
+    swept_before = mapped_column(UTCDateTime, nullable=True)

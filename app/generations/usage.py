@@ -1,18 +1,23 @@
-"""What keys have spent, from their generations' records: GET /v1/key, the dashboard."""
+"""What keys have spent, from their hourly usage rollups: GET /v1/key, the dashboard.
+
+A key's spend is read from usage_rollups, one row per model and UTC hour, so that it
+costs the same however long the key's history; a day and a month start on an hour.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from app.auth.models import ApiKey
-from app.credits.ledger import month_start
+from app.credits.ledger import hour_of, month_start
+from app.credits.models import UsageRollup
 from app.database import utcnow
 from app.extensions import db
-from app.generations.models import Generation
 
 
 @dataclass(frozen=True)
@@ -39,29 +44,37 @@ def key_usage(key_id: int, now: datetime | None = None) -> KeyUsage:
     now = now or utcnow()
     key = db.session.get(ApiKey, key_id)
     day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    today = case((UsageRollup.hour >= day_start, UsageRollup.cost), else_=0)
+    spent = db.session.execute(
+        select(func.sum(today), func.sum(UsageRollup.cost)).where(
+            *_key_hours(key.account_id, key_id, month_start(now))
+        )
+    ).one()
     usage = KeyUsage(
         name=key.name,
         display_prefix=key.display_prefix,
         permitted_models=key.permitted_models,
         monthly_limit=key.monthly_limit,
-        spent_today=key_spend(key_id, since=day_start),
-        spent_this_month=key_spend(key_id, since=month_start(now)),
+        spent_today=spent[0] or Decimal(0),
+        spent_this_month=spent[1] or Decimal(0),
     )
     db.session.commit()
     return usage
 
 
 def key_spend(key_id: int, *, since: datetime) -> Decimal:
-    """Return what the generations of key ``key_id`` were charged since ``since``."""
-    spent = _spent_since(key_id, since)
-    db.session.commit()
-    return spent
-
-
-def _spent_since(key_id: int, since: datetime) -> Decimal:
-    total = db.session.scalar(
-        select(func.sum(Generation.cost)).where(
-            Generation.api_key_id == key_id, Generation.created_at >= since
-        )
+    """Return what key ``key_id`` was charged from the UTC hour of ``since`` on."""
+    account_id = db.session.scalar(select(ApiKey.account_id).where(ApiKey.id == key_id))
+    spent = db.session.scalar(
+        select(func.sum(UsageRollup.cost)).where(*_key_hours(account_id, key_id, hour_of(since)))
     )
-    return total if total is not None else Decimal(0)
+    db.session.commit()
+    return spent if spent is not None else Decimal(0)
+
+
+def _key_hours(account_id: int, key_id: int, first_hour: datetime) -> tuple[Any, ...]:
+    return (
+        UsageRollup.account_id == account_id,
+        UsageRollup.api_key_id == key_id,
+        UsageRollup.hour >= first_hour,
+    )

@@ -33,7 +33,8 @@ from app.credits.models import Account, Hold, LedgerEntry
 from app.database import Money, UTCDateTime
 from app.encoding import dumps
 from app.extensions import db
-from app.generations import idempotency
+from app.generations import audit as audit_module
+from app.generations import idempotency, retention
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
 from app.generations.lifecycle import Generation
@@ -94,8 +95,16 @@ class SimulatedClock:
 
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
-    """Make the ledger, lifecycle, keys, claims and stored responses read ``clock``."""
-    for module in (ledger, generations, key_admin, idempotency, response_store):
+    """Make the money path, keys, claims, stored responses, audit and pruning read ``clock``."""
+    for module in (
+        ledger,
+        generations,
+        key_admin,
+        idempotency,
+        response_store,
+        audit_module,
+        retention,
+    ):
         monkeypatch.setattr(module, "utcnow", clock.now)
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
@@ -685,14 +694,24 @@ class Audit:
     estimated: set[str]
 
 
+def add_months() -> None:
+    """Give the tables partitioned by month (PostgreSQL) the simulated clock's months."""
+    retention.add_partitions_ahead()
+
+
 def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
-    """Run ``flask ledger audit``'s checks; keep what concerns these accounts and generations."""
+    """Run ``flask ledger audit``'s checks; keep what concerns these accounts and generations.
+
+    The audit since the last checkpoint, then ``--full``: the mismatches of both, the
+    shortfalls and estimated charges of the full one, which lists every one so far.
+    """
     account_ids = list(account_ids)
     generation_subjects = {f"generation {g}": g for g in generation_ids}
-    subjects = {f"account {i}" for i in account_ids} | set(generation_subjects)
-    report = audit_ledger(account_ids)
+    since_checkpoint = audit_ledger(account_ids)
+    report = audit_ledger(account_ids, full=True)
+    mismatches = since_checkpoint.mismatches + report.mismatches
     return Audit(
-        mismatches=[str(m) for m in report.mismatches if m.subject in subjects],
+        mismatches=[str(m) for m in mismatches if m.account_id in account_ids],
         shortfalls={
             generation_subjects[m.subject]
             for m in report.shortfalls

@@ -185,6 +185,7 @@ class Simulation:
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
         with self.app.app_context():
+            driver.add_months()
             self.open_accounts()
             while self.step < self.steps:
                 self.step += 1

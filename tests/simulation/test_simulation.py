@@ -48,7 +48,9 @@ def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
 def test_a_settlement_run_twice_is_caught(disposable_app, monkeypatch):
     driver.plant_settlement_that_forgets(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*IntegrityError"):
+    with pytest.raises(
+        SimulationFailure, match=r"(?s)seed 3, step \d+.*(IntegrityError|AlreadyRecorded)"
+    ):
         simulation.run()
 
 

@@ -2,7 +2,9 @@
 
 from decimal import Decimal
 
-from app.money import money_units, to_money
+import pytest
+
+from app.money import UNITS_PER_USD, money_units, to_money, usd_text
 
 
 def test_costs_round_half_up_at_the_money_quantum():
@@ -15,3 +17,8 @@ def test_an_amount_is_stored_as_its_count_of_the_quantum():
     assert money_units(Decimal("0.00000000015")) == 2
     assert money_units(0) == 0
     assert money_units(None) is None
+
+
+@pytest.mark.parametrize("units", [0, 1, 5, 8_000_000, 15 * 10**9, 10**10, 123_456_789_012_345])
+def test_usd_text_prints_units_as_the_amount_prints(units):
+    assert usd_text(units) == f"{Decimal(units) / UNITS_PER_USD:f}"

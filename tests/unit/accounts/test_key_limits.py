@@ -13,7 +13,7 @@ from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.keys import create_key, update_key_limits
 from app.auth.keys import find_caller
 from app.auth.models import ApiKey
-from app.credits.ledger import MonthlyLimitShortfall, place_hold, settle_hold
+from app.credits.ledger import MonthlyLimitShortfall, Rollup, hour_of, place_hold, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
@@ -26,7 +26,15 @@ def record_generation(account_id: int, key_id: int, cost: str, created_at) -> No
     amount = Decimal(cost)
     held = place_hold(account_id=account_id, amount=amount, ttl_seconds=60, key_id=key_id)
     generation_id = f"gen-{uuid.uuid4().hex}"
+    # Every column, as a settlement's record has them: defaults are not filled in for
+    # the record of a settlement run as one statement with its rollup.
+    defaults = {
+        column.name: column.default.arg
+        for column in Generation.__table__.columns
+        if column.default is not None and not callable(column.default.arg)
+    }
     record = {
+        **defaults,
         "id": generation_id,
         "account_id": account_id,
         "api_key_id": key_id,
@@ -37,7 +45,14 @@ def record_generation(account_id: int, key_id: int, cost: str, created_at) -> No
         "status": "completed",
         "created_at": created_at,
     }
-    settle_hold(held, cost=amount, generation_id=generation_id, record=(insert(Generation), record))
+    rollup = Rollup(model="dev-chat", hour=hour_of(created_at), completion_tokens=1000)
+    settle_hold(
+        held,
+        cost=amount,
+        generation_id=generation_id,
+        record=(insert(Generation), record),
+        rollup=rollup,
+    )
 
 
 def test_a_new_key_is_unlimited_by_default(app_context):
@@ -114,18 +129,20 @@ def test_update_key_limits_of_an_unknown_key_raises(app_context):
         update_key_limits(10**9, permitted_models=None, monthly_limit=Decimal("1"))
 
 
-def test_key_spend_sums_the_keys_charges_since_a_moment(app_context):
+def test_key_spend_sums_the_keys_charges_from_the_hour_of_a_moment(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
     issued = create_key(account_id=account.id, name="k")
     other = create_key(account_id=account.id, name="other")
     now = utcnow()
+    hour = hour_of(now)
     record_generation(account.id, issued.id, "0.25", now - timedelta(days=40))
-    record_generation(account.id, issued.id, "0.0000000001", now - timedelta(minutes=1))
+    record_generation(account.id, issued.id, "0.0000000001", hour - timedelta(minutes=1))
     record_generation(account.id, issued.id, "1.5", now)
     record_generation(account.id, other.id, "7", now)
-    assert key_spend(issued.id, since=now - timedelta(days=1)) == Decimal("1.5000000001")
+    assert key_spend(issued.id, since=now) == Decimal("1.5")
+    assert key_spend(issued.id, since=hour - timedelta(seconds=1)) == Decimal("1.5000000001")
     assert key_spend(issued.id, since=now - timedelta(days=60)) == Decimal("1.7500000001")
-    assert key_spend(issued.id, since=now + timedelta(seconds=1)) == 0
+    assert key_spend(issued.id, since=hour + timedelta(hours=1)) == 0
 
 
 def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):

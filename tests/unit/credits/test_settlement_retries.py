@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.credits import ledger
+from app.credits.errors import AlreadyRecorded
 from app.credits.models import Account, Hold, LedgerEntry
+from app.database import utcnow
 from app.extensions import db
+from app.generations.models import Generation
 from tests.factories import AccountFactory
+
+MINUTE = timedelta(minutes=1)
+RECORD_DEFAULTS = {
+    column.name: column.default.arg
+    for column in Generation.__table__.columns
+    if column.default is not None and not callable(column.default.arg)
+}
 
 
 def lost_connection() -> OperationalError:
@@ -90,3 +101,73 @@ def test_an_error_no_try_can_mend_is_raised(app_context, monkeypatch):
     with pytest.raises(IntegrityError):
         ledger.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
     assert hold_status(held.id) == ledger.OPEN
+
+
+def released_hold(account_id: int) -> ledger.HeldCredit:
+    """A hold released as a dead worker's is: what its late settlement finds."""
+    held = ledger.place_hold(account_id=account_id, amount=Decimal("0.2"), ttl_seconds=0)
+    db.session.execute(update(Hold).where(Hold.id == held.id).values(expires_at=utcnow() - MINUTE))
+    db.session.commit()
+    assert ledger.release_expired_holds(account_id=account_id) == 1
+    return held
+
+
+def record_of(held: ledger.HeldCredit, created_at) -> tuple:
+    row = {
+        **RECORD_DEFAULTS,
+        "id": held.id,
+        "account_id": held.account_id,
+        "model": "dev-chat",
+        "status": "completed",
+        "created_at": created_at,
+    }
+    return insert(Generation), row
+
+
+def records_of(generation_id: str) -> list:
+    found = db.session.scalars(select(Generation.created_at).where(Generation.id == generation_id))
+    return list(found)
+
+
+def test_a_second_settlement_of_a_released_hold_writes_no_second_record(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = released_hold(account.id)
+    first = utcnow()
+    assert (
+        ledger.settle_hold(
+            held, cost=Decimal(0), generation_id=held.id, record=record_of(held, first)
+        )
+        == 0
+    )
+
+    # Recorded at another moment: on a table partitioned by time, no key would refuse it.
+    with pytest.raises(AlreadyRecorded):
+        ledger.settle_hold(
+            held, cost=Decimal(0), generation_id=held.id, record=record_of(held, first + MINUTE)
+        )
+    assert records_of(held.id) == [first]
+
+
+def test_a_retried_settlement_of_a_released_hold_that_had_committed_returns_its_charge(
+    app_context, monkeypatch
+):
+    account = AccountFactory.create(credits=Decimal("1"))
+    held = released_hold(account.id)
+    settle_once, tries = ledger._settle_once, []
+
+    def committed_then_lost(*args):
+        tries.append(1)
+        charge = settle_once(*args)
+        if len(tries) == 1:
+            raise lost_connection()
+        return charge
+
+    monkeypatch.setattr(ledger, "_settle_once", committed_then_lost)
+    created_at = utcnow()
+    charged = ledger.settle_hold(
+        held, cost=Decimal("0.15"), generation_id=held.id, record=record_of(held, created_at)
+    )
+
+    assert charged == Decimal("0.15") and len(tries) == 2
+    assert charges_of(account.id) == [Decimal("1"), Decimal("-0.15")]
+    assert records_of(held.id) == [created_at]
