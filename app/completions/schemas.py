@@ -9,14 +9,29 @@ path (``messages[1].content[0].image_url.url``) and say what is wrong with it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, missing, validates_schema
+from marshmallow import Schema, ValidationError, validates_schema
 from marshmallow.validate import Length, OneOf, Range, Regexp
 
 from app.errors import InvalidRequest
 from app.providers.base import REASONING_EFFORTS, ChatRequest
+from app.validation import (
+    BETWEEN,
+    NOT_EMPTY,
+    ONE_OF,
+    BooleanField,
+    IntegerField,
+    ListOf,
+    NestedField,
+    NumberField,
+    ObjectField,
+    ObjectSchema,
+    OptionalField,
+    StringField,
+    WholeObjectField,
+    first_error,
+)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_DETAILS = ("low", "high", "auto")
@@ -28,120 +43,11 @@ MAX_TOOLS = 128
 MAX_OUTPUT_TOKENS = 1_000_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-# Every message below completes a sentence that starts with the field's path.
-ONE_OF = "must be one of {choices}."
-BETWEEN = "must be between {min} and {max}."
-NOT_EMPTY = "must not be empty."
-
 
 def _developer_as_system(role: str) -> str:
     # OpenAI's SDKs send "developer" to newer models; the contract's roles (and so the
     # adapters') are system, user, assistant and tool.
     return "system" if role == "developer" else role
-
-
-class OptionalField(fields.Field):
-    """Base of every field here: ``null`` counts as absent, and messages read as predicates."""
-
-    default_error_messages = {
-        "required": "is required.",
-        "validator_failed": "is invalid.",
-    }
-
-    def deserialize(
-        self, value: Any, attr: str | None = None, data: Any = None, **kwargs: Any
-    ) -> Any:
-        """Treat ``null`` as a missing value, then deserialize, validate and post-process."""
-        # Field.deserialize, minus the steps no field here uses (pre_load, allow_none):
-        # this runs for every declared field of every object, present or not.
-        if value is None or value is missing:
-            if self.required:
-                raise self.make_error("required")
-            return self.load_default
-        output = self._deserialize(value, attr, data, **kwargs)
-        if self.validators:
-            self._validate(output)
-        for process in self.post_load:
-            output = process(output)
-        return output
-
-
-class StringField(OptionalField):
-    """A JSON string."""
-
-    default_error_messages = {"invalid": "must be a string."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is not str:
-            raise self.make_error("invalid")
-        return value
-
-
-class IntegerField(OptionalField):
-    """A JSON integer: not a float, not a boolean, not a numeric string."""
-
-    default_error_messages = {"invalid": "must be an integer."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is not int:
-            raise self.make_error("invalid")
-        return value
-
-
-class NumberField(OptionalField):
-    """A finite JSON number, integer or float (not a boolean, not a numeric string)."""
-
-    default_error_messages = {"invalid": "must be a number."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        kind = type(value)
-        if kind is not int and (kind is not float or not math.isfinite(value)):
-            raise self.make_error("invalid")
-        return value
-
-
-class BooleanField(OptionalField):
-    """A JSON boolean: ``true`` or ``false`` only."""
-
-    default_error_messages = {"invalid": "must be a boolean."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if value is not True and value is not False:
-            raise self.make_error("invalid")
-        return value
-
-
-class ObjectField(OptionalField):
-    """A free-form JSON object, passed on as it came."""
-
-    default_error_messages = {"invalid": "must be an object."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is not dict:
-            raise self.make_error("invalid")
-        return value
-
-
-class NestedField(OptionalField, fields.Nested):
-    """An object loaded by a schema (which reports a non-object itself)."""
-
-
-class WholeObjectField(NestedField):
-    """An object checked by a schema but passed on whole, unknown keys included."""
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        super()._deserialize(value, attr, data, **kwargs)
-        return value
-
-
-class ListOf(OptionalField, fields.List):
-    """A JSON array of objects, each loaded by ``schema``."""
-
-    default_error_messages = {"invalid": "must be an array."}
-
-    def __init__(self, schema: type[Schema], **kwargs: Any) -> None:
-        item = fields.Nested(schema, error_messages={"null": "must be an object."})
-        super().__init__(item, **kwargs)
 
 
 class StopField(OptionalField):
@@ -231,17 +137,6 @@ def _load_part(part: Any, index: int) -> dict[str, Any]:
         return schema.load(part)
     except ValidationError as error:
         raise ValidationError({index: error.messages}) from None
-
-
-class ObjectSchema(Schema):
-    """Base of every schema here: drops unknown keys and reports a non-object plainly."""
-
-    class Meta:
-        """Unknown keys are ignored, not rejected (contract section 1)."""
-
-        unknown = EXCLUDE
-
-    error_messages = {"type": "must be an object."}
 
 
 class TextPart(ObjectSchema):
@@ -417,21 +312,6 @@ def _check_tool_choice(choice: str | dict[str, Any], tool_names: set[str]) -> No
         raise ValidationError(problem, "tool_choice")
 
 
-def _first_error(messages: Any) -> tuple[str, str]:
-    """Walk marshmallow's error tree to its first message; return (path, message)."""
-    path = ""
-    while not isinstance(messages, str):
-        if isinstance(messages, list):
-            messages = messages[0]
-            continue
-        key, messages = next(iter(messages.items()))
-        if isinstance(key, int):
-            path += f"[{key}]"
-        elif key != "_schema":
-            path += f".{key}" if path else key
-    return path, messages
-
-
 _REQUEST_SCHEMA = ChatCompletionRequest()
 _REQUEST_FIELDS = frozenset(_REQUEST_SCHEMA.fields)
 
@@ -443,7 +323,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     try:
         params = _REQUEST_SCHEMA.load(body)
     except ValidationError as error:
-        path, problem = _first_error(error.messages)
+        path, problem = first_error(error.messages)
         raise InvalidRequest(f"{path} {problem}", param=path) from None
     model = params.pop("model")
     messages = params.pop("messages")
