@@ -139,26 +139,31 @@ def offered_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def tool_params(params: dict[str, Any]) -> dict[str, Any]:
     """Return chat's tools, tool_choice and parallel_tool_calls; none if no tool is offered."""
     tools = offered_tools(params.get("tools") or ())
+    choice = params.get("tool_choice")
+    if choice is not None and choice["type"] == "tool":
+        check_offered(choice["name"], tools)
     if not tools:
         return {}
     chat: dict[str, Any] = {"tools": tools}
-    choice = params.get("tool_choice")
     if choice is None:
         return chat
     if choice["type"] == "tool":
-        names = {tool["function"]["name"] for tool in tools}
-        if choice["name"] not in names:
-            raise InvalidRequest(
-                f"tool_choice.name names {choice['name']!r}, which is not one of the tools "
-                "this model can be offered.",
-                param="tool_choice.name",
-            )
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
         chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice["type"]]
     if choice.get("disable_parallel_tool_use"):
         chat["parallel_tool_calls"] = False
     return chat
+
+
+def check_offered(name: str, tools: list[dict[str, Any]]) -> None:
+    """Refuse a tool_choice that forces a tool the model is not offered."""
+    if name not in {tool["function"]["name"] for tool in tools}:
+        raise InvalidRequest(
+            f"tool_choice.name names {name!r}, which is not one of the tools this model can "
+            "be offered.",
+            param="tool_choice.name",
+        )
 
 
 def chat_messages(
