@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 export FLASK_APP := wsgi
 # Debian packages the test suite needs beyond Python; each is installed only if missing.
 DEBIAN_PACKAGES ?= chromium curl nodejs nginx redis-server valgrind
-NODE_CLIENTS := tests/clients/node
+NODE_CLIENTS := tests/clients/node tests/clients/messages_node
 
 .PHONY: run test lint system node-clients
 
@@ -28,11 +28,14 @@ system:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
-# openai-node, pinned by its package-lock.json, for tests/clients/test_openai_node.py.
+# The npm clients the tests drive, each directory pinned by its package-lock.json:
+# openai-node (tests/clients/node), the Anthropic SDK and Claude Code (messages_node).
 # Debian's nodejs comes without npm (NodeSource's has it): add Debian's only if missing.
 node-clients: system
 	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm
-	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
+	for dir in $(NODE_CLIENTS); do \
+		(cd $$dir && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
+	done
 
 run: $(VENV)/.runtime
 	$(BIN)/flask db upgrade

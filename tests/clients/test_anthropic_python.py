@@ -1,4 +1,4 @@
-"""anthropic-python against the gateway's Messages door, as its users call it: only the base URL set.
+"""anthropic-python against the Messages door, as its users call it: only the base URL set.
 
 The SDK (pinned in requirements-dev.txt) sends its key as a bearer (``api_key`` and
 ``auth_token`` alike) unless told to send ``X-Api-Key``; it appends /v1/messages itself.

@@ -256,7 +256,13 @@ def test_a_whole_answer_becomes_thinking_text_and_tool_use_blocks():
             {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": '{"a'}},
         ],
     }
-    usage = Usage(prompt_tokens=30, completion_tokens=12, cached_tokens=8, cache_write_tokens=5)
+    usage = Usage(
+        prompt_tokens=30,
+        completion_tokens=12,
+        cached_tokens=8,
+        cache_write_tokens=5,
+        reasoning_tokens=3,
+    )
     completion = Completion(
         [{"index": 0, "message": message, "finish_reason": "tool_calls"}], usage
     )
@@ -275,6 +281,7 @@ def test_a_whole_answer_becomes_thinking_text_and_tool_use_blocks():
         "output_tokens": 12,
         "cache_creation_input_tokens": 5,
         "cache_read_input_tokens": 8,
+        "output_tokens_details": {"thinking_tokens": 3},
         "cost": {"total_cost": Decimal("0.25")},
     }
 
