@@ -12,6 +12,11 @@ cost), gunicorn's, and time spent waiting; bench/run.py's figures remain the one
 targets are about.
 
     .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--requests 200]
+        [--api messages]
+
+With ``--api messages`` the gateway is also counted serving the same completion through
+Anthropic's Messages door (``messages``: the same prompt, max_tokens and answer from the
+fake upstream, translated both ways), and its ratio to the chat completion is printed.
 
 valgrind is a Debian package (``apt-get install valgrind``); counting takes about a
 minute per target.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.run import (  # noqa: E402
+    PROMPT,
     Scenario,
     base_env,
     bench_catalog,
@@ -43,6 +50,9 @@ from bench.run import (  # noqa: E402
 
 WARM_UP = 50
 TARGETS = ("floor", "gateway")
+MESSAGES = "messages"
+PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions"}
+PATHS[MESSAGES] = "/v1/messages"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,13 +62,23 @@ def main(argv: list[str] | None = None) -> None:
         port = free_port()
         upstream_log = Path(scratch) / "upstream.log"
         with running(upstream_command(port), dict(os.environ), port, upstream_log):
-            counts = {target: count(target, args, port, Path(scratch)) for target in TARGETS}
+            counts = {
+                target: count(target, args, port, Path(scratch)) for target in targets_of(args)
+            }
     kind = "stream (20 chunks)" if args.stream else "whole answer"
     database = "PostgreSQL" if args.database_url else "SQLite"
     print(f"{kind}, gateway on {database}, {args.requests} requests counted per target")
     for target, instructions in counts.items():
         ratio = instructions / counts["floor"]
-        print(f"{target:8} {instructions / 1e6:6.2f}M instructions per request  {ratio:.2f}x")
+        line = f"{target:8} {instructions / 1e6:6.2f}M instructions per request  {ratio:.2f}x"
+        if target == MESSAGES:
+            line += f"  ({instructions / counts['gateway']:.3f}x the chat completion)"
+        print(line)
+
+
+def targets_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """Return the targets counted: the floor, the gateway, and its Messages door if asked."""
+    return TARGETS + ((MESSAGES,) if args.api == MESSAGES else ())
 
 
 def count(target: str, args: argparse.Namespace, upstream_port: int, scratch: Path) -> float:
@@ -86,21 +106,33 @@ def serve(args: argparse.Namespace) -> None:
     scratch = Path(tempfile.mkdtemp())
     os.environ["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{args.upstream_port}/v1/chat/completions"
     key = None
-    if args.serve == "gateway":
+    if args.serve == "floor":
+        from bench.floor_app import app
+    else:
         key = configure_gateway(scratch, args.upstream_port, args.database_url)
         from wsgi import app
-    else:
-        from bench.floor_app import app
-    body = Scenario("counted", "bench-fast", args.stream, 1).body()
+    body, path = request_of(args.serve, args.stream), PATHS[args.serve]
     for _ in range(WARM_UP):
-        status = call(app, body, key)
+        status = call(app, body, key, path)
         if not status.startswith("200"):
             raise RuntimeError(f"{args.serve} answered {status}")
     # The log and the metrics files stay open: counting starts and stops from outside.
     subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True)
     for _ in range(args.requests):
-        call(app, body, key)
+        call(app, body, key, path)
     subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
+
+
+def request_of(target: str, stream: bool) -> bytes:
+    """Return the body ``target`` is sent: the chat completion, or the same Messages request."""
+    chat = Scenario("counted", "bench-fast", stream, 1).body()
+    if target != MESSAGES:
+        return chat
+    fields = json.loads(chat)
+    body = {"model": fields["model"], "max_tokens": fields["max_tokens"], "messages": PROMPT}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def configure_gateway(scratch: Path, upstream_port: int, database_url: str | None) -> str:
@@ -117,10 +149,10 @@ def configure_gateway(scratch: Path, upstream_port: int, database_url: str | Non
     return key
 
 
-def call(app: object, body: bytes, key: str | None) -> str:
+def call(app: object, body: bytes, key: str | None, path: str = PATHS["gateway"]) -> str:
     """Serve one request as gunicorn would hand it over; read the whole body; return the status."""
     environ = {
-        "REQUEST_METHOD": "POST", "PATH_INFO": "/v1/chat/completions", "QUERY_STRING": "",
+        "REQUEST_METHOD": "POST", "PATH_INFO": path, "QUERY_STRING": "",
         "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
         "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1:8000",
         "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
@@ -145,7 +177,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream", action="store_true", help="count streamed requests")
     parser.add_argument("--database-url", help="PostgreSQL URL for the gateway (else SQLite)")
     parser.add_argument("--requests", type=int, default=200, help="counted per target")
-    parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--api", choices=("chat", MESSAGES), default="chat",
+        help="also count the same completion through the Messages door",
+    )  # fmt: skip
+    parser.add_argument("--serve", choices=(*TARGETS, MESSAGES), help=argparse.SUPPRESS)
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
