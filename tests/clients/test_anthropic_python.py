@@ -306,3 +306,15 @@ def test_a_stream_broken_midway_raises_the_error_event_and_bills_what_was_delive
     assert len(texts) == 5
     total, (generation,) = charged(app, funded_key)
     assert generation.completion_tokens == 5 and generation.cost == total > 0
+
+
+def test_the_model_list_pages_in_anthropics_shape(claude):
+    listed = [model.id for model in claude.models.list(limit=2)]
+    model = claude.models.retrieve("dev-chat")
+
+    assert listed == ["dev-chat", "dev-chat-mini", "dev-slow", "dev-dying"]
+    assert (model.type, model.display_name) == ("model", "dev-chat")
+    assert model.created_at.year == 2023
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        claude.models.retrieve("dev-hidden")
+    assert envelope(caught.value)["type"] == "not_found_error"
