@@ -65,6 +65,10 @@ def chat_request(request: MessagesRequest, model: Model) -> ChatRequest:
     """Return the normalized request for a Messages request to ``model``."""
     params = request.params
     chat_params = sampling_params(params)
+    # Claude Code asks every model for thinking at some effort: an OpenAI-compatible
+    # upstream refuses reasoning_effort for a model that does not reason.
+    if "reasoning" in model.capabilities and (effort := reasoning_effort(params)) is not None:
+        chat_params["reasoning_effort"] = effort
     if request.max_tokens is not None:
         # Claude Code asks for 32000 output tokens (128000 for some models) whatever the
         # model, and cannot be told the gateway's models' limits: refused, it retries
@@ -92,14 +96,12 @@ def chat_request(request: MessagesRequest, model: Model) -> ChatRequest:
 
 
 def sampling_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Return the chat parameters for sampling, stops, the end user, effort and format."""
+    """Return the chat parameters for sampling, stops, the end user and the output format."""
     chat = {name: params[name] for name in ("temperature", "top_p") if name in params}
     if params.get("stop_sequences"):
         chat["stop"] = params["stop_sequences"]
     if user := (params.get("metadata") or {}).get("user_id"):
         chat["user"] = user
-    if (effort := reasoning_effort(params)) is not None:
-        chat["reasoning_effort"] = effort
     output_format = (params.get("output_config") or {}).get("format")
     if output_format is not None:
         schema = {"name": "output", "schema": output_format["schema"]}

@@ -190,7 +190,8 @@ def test_a_conversation_with_tools_is_translated_to_an_openai_compatible_upstrea
         tool_choice={"type": "auto", "disable_parallel_tool_use": True},
         stop_sequences=["END"],
         metadata={"user_id": "user-7"},
-        extra_body={"top_k": 20},
+        thinking={"type": "adaptive"},
+        extra_body={"top_k": 20, "output_config": {"effort": "high"}},
     )
 
     (exchange,) = scripted.exchanges

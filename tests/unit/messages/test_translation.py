@@ -204,6 +204,20 @@ def test_thinking_and_effort_become_the_reasoning_effort(fields, effort):
     assert translate(**fields).params.get("reasoning_effort") == effort
 
 
+def test_a_model_that_does_not_reason_is_asked_for_no_reasoning_effort():
+    body = {
+        "model": "dev-chat-mini",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"},
+    }
+
+    request = chat_request(parse_messages_request(body), CATALOG.resolve("dev-chat-mini"))
+
+    assert "reasoning_effort" not in request.params
+
+
 def test_sampling_stops_user_top_k_and_output_format():
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     request = translate(
