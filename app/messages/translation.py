@@ -345,10 +345,19 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def answer_text(content: Any) -> str:
+    """Return an answer's text: a string, or the text of the parts some upstreams send."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+
+
 def answer_content(message: dict[str, Any], omitted: bool) -> list[dict[str, Any]]:
     """Return an answer's content blocks: thinking, text, then tool uses."""
     blocks = thinking_blocks(message, omitted)
-    if text := message.get("content") or message.get("refusal"):
+    if text := answer_text(message.get("content")) or answer_text(message.get("refusal")):
         blocks.append({"type": "text", "text": text})
     blocks += [tool_use_block(call) for call in message.get("tool_calls") or ()]
     return blocks
@@ -430,11 +439,11 @@ class StreamTranslation:
         events: list[dict[str, Any]] = []
         for choice in chunk.choices:
             delta = choice.get("delta") or {}
-            if delta.get("reasoning"):
+            if isinstance(delta.get("reasoning"), str) and delta["reasoning"]:
                 events += self.reasoning(delta["reasoning"])
             for detail in delta.get("reasoning_details") or ():
                 events += self.reasoning_detail(detail)
-            if delta.get("content"):
+            if isinstance(delta.get("content"), str) and delta["content"]:
                 events += self.text(delta["content"])
             for call in delta.get("tool_calls") or ():
                 events += self.tool_call(call)

@@ -448,3 +448,14 @@ def test_a_failure_before_the_first_chunk_reaches_the_caller_before_any_event():
     assert next(events) is None
     with pytest.raises(InvalidRequest):
         next(events)
+
+
+def test_an_answer_whose_content_comes_as_parts_is_one_text_block():
+    parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+    completion = Completion(
+        [{"index": 0, "message": {"content": parts}, "finish_reason": "stop"}], Usage()
+    )
+
+    body = message_of(generation(), Answer(completion, Decimal(0)), omitted=False)
+
+    assert body["content"] == [{"type": "text", "text": "Hello"}]
