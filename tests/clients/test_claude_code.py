@@ -20,14 +20,14 @@ import pytest
 from tests.contract.conftest import billing_records
 
 PACKAGE = Path(__file__).resolve().parent / "messages_node/node_modules/@anthropic-ai/claude-code"
-# npm's postinstall copies the platform's native binary over this placeholder.
+# npm's postinstall copies the platform's native binary over this stub.
 NATIVE_BINARY_BYTES = 1_000_000
 
 
 def claude_command() -> list[str]:
     """Return the command that runs Claude Code, installed by npm ci.
 
-    Where npm ran no install scripts (as npm may be told to), the placeholder stays, and
+    Where npm ran no install scripts (as npm may be told to), the stub stays, and
     the package's wrapper finds and runs the platform's binary instead.
     """
     binary = PACKAGE / "bin" / "claude.exe"

@@ -34,7 +34,7 @@ TOOLS = [
     for name in ("Read", "Write", "Bash")
 ] + [
     {
-        "name": "DeferredToolPlaceholder",
+        "name": "DeferredTool",
         "description": "Deferred",
         "input_schema": {"type": "object"},
         "defer_loading": True,
