@@ -102,3 +102,8 @@ def message_delta(
 def new_message_id() -> str:
     """Return a fresh message id, as Anthropic names its answers."""
     return "msg_" + secrets.token_hex(12)
+
+
+def new_tool_use_id() -> str:
+    """Return a fresh tool use id, for a call its upstream sent without one."""
+    return "toolu_" + secrets.token_hex(12)

@@ -39,6 +39,7 @@ from app.messages.bodies import (
     message_body,
     message_delta,
     message_start,
+    new_tool_use_id,
     usage_body,
 )
 from app.messages.schemas import CUSTOM_TOOL, MessagesRequest
@@ -339,7 +340,8 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
         arguments = {}
     return {
         "type": "tool_use",
-        "id": call.get("id") or "",
+        # Clients send the id back with the call's result: it must not be empty.
+        "id": call.get("id") or new_tool_use_id(),
         "name": function.get("name") or "",
         "input": arguments if isinstance(arguments, dict) else {},
     }
@@ -513,7 +515,7 @@ class StreamTranslation:
         if position not in self.calls:
             block = {
                 "type": "tool_use",
-                "id": call.get("id") or "",
+                "id": call.get("id") or new_tool_use_id(),
                 "name": function.get("name") or "",
                 "input": {},
             }

@@ -267,7 +267,7 @@ def test_a_whole_answer_becomes_thinking_text_and_tool_use_blocks():
                 "type": "function",
                 "function": {"name": "f", "arguments": '{"a": 1}'},
             },
-            {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": '{"a'}},
+            {"type": "function", "function": {"name": "g", "arguments": '{"a'}},
         ],
     }
     usage = Usage(
@@ -287,8 +287,9 @@ def test_a_whole_answer_becomes_thinking_text_and_tool_use_blocks():
         {"type": "thinking", "thinking": "Hmm.", "signature": signature_of("Hmm.")},
         {"type": "text", "text": "Checking."},
         {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}},
-        {"type": "tool_use", "id": "call_2", "name": "g", "input": {}},
+        {"type": "tool_use", "id": body["content"][3]["id"], "name": "g", "input": {}},
     ]
+    assert body["content"][3]["id"].startswith("toolu_")  # its upstream sent no id
     assert (body["id"], body["model"], body["stop_reason"]) == ("msg_1", "dev-chat", "tool_use")
     assert body["usage"] == {
         "input_tokens": 17,
