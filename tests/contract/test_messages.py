@@ -225,11 +225,13 @@ def test_no_anthropic_headers_are_needed(live_server, funded_key):
 def test_every_error_on_anthropics_paths_comes_in_anthropics_envelope(
     live_server, funded_key, method, path, kwargs, status, kind
 ):
+    # The parameters are shared by every database's run: read, never popped.
     headers = {"x-api-key": funded_key.key, "anthropic-version": "2023-06-01"}
-    headers.update(kwargs.pop("headers", {}))
+    headers.update(kwargs.get("headers", {}))
+    body = {key: value for key, value in kwargs.items() if key != "headers"}
 
     response = requests.request(
-        method, f"{live_server.url}{path}", headers=headers, timeout=30, **kwargs
+        method, f"{live_server.url}{path}", headers=headers, timeout=30, **body
     )
 
     envelope(response, status, kind)
