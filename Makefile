@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 export FLASK_APP := wsgi
 # Debian packages the test suite needs beyond Python; each is installed only if missing.
 DEBIAN_PACKAGES ?= chromium curl nodejs nginx redis-server valgrind
-NODE_CLIENTS := tests/clients/node tests/clients/responses_node
+NODE_CLIENTS := tests/clients/node tests/clients/responses_node tests/clients/messages_node
 
 .PHONY: run test lint system node-clients
 
@@ -29,7 +29,8 @@ system:
 	fi
 
 # The npm clients the tests drive, each directory pinned by its package-lock.json:
-# openai-node (tests/clients/node), Codex CLI and the Vercel AI SDK (responses_node).
+# openai-node (tests/clients/node), Codex CLI and the Vercel AI SDK (responses_node), the
+# Anthropic SDK and Claude Code (messages_node).
 # Debian's nodejs comes without npm (NodeSource's has it): add Debian's only if missing.
 node-clients: system
 	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm

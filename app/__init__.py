@@ -14,7 +14,7 @@ from app.catalog.registry import init_catalog
 from app.dashboard.session import init_sessions
 from app.database import init_database
 from app.encoding import OrjsonProvider
-from app.errors import register_errorhandlers
+from app.errors import register_envelope, register_errorhandlers
 from app.extensions import API_PREFIX, csrf, db, migrate
 from app.observability import init_observability
 from app.providers.cooldown import upstream_cooldowns
@@ -66,6 +66,8 @@ def register_blueprints(app: Flask) -> None:
     from app.credits import views as credit_views
     from app.dashboard import views as dashboard_views
     from app.generations import views as generation_views
+    from app.messages import errors as message_errors
+    from app.messages import views as message_views
     from app.monitoring import health
     from app.monitoring import metrics as metrics_views
     from app.responses import views as response_views
@@ -80,6 +82,11 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(completion_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(credit_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(response_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(message_views.bp, url_prefix=API_PREFIX)
+    # Anthropic's clients read errors in Anthropic's envelope: on the Messages door's
+    # paths, and on the model list when they say their API version.
+    register_envelope(app, f"{API_PREFIX}/messages", message_errors.render)
+    register_envelope(app, f"{API_PREFIX}/models", message_errors.render_for_anthropic_callers)
     app.register_blueprint(generation_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(dashboard_views.bp)
 

@@ -12,10 +12,12 @@ cost), gunicorn's, and time spent waiting; bench/run.py's figures remain the one
 targets are about.
 
     .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--key KEY]
-        [--requests 200] [--api responses]
+        [--requests 200] [--api responses|messages]
 
 ``--api responses`` also counts the gateway answering the same request through the
-Responses API (POST /v1/responses, stored as by default), beside its chat completion.
+Responses API (POST /v1/responses, stored as by default), ``--api messages`` through
+Anthropic's Messages door (the same prompt, max_tokens and answer from the fake
+upstream, translated both ways), each beside its chat completion, with their ratio.
 ``--key`` calls with a key of the database's own (bench/history.py prints its long
 account's, on tables it filled) instead of a new account's.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import subprocess
 import sys
@@ -49,9 +52,10 @@ from bench.run import (  # noqa: E402
 )
 
 WARM_UP = 50
-TARGETS = ("floor", "gateway", "responses")
-PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions",
-         "responses": "/v1/responses"}  # fmt: skip
+TARGETS = ("floor", "gateway")
+# The other doors the same request may be counted through, beside its chat completion.
+DOORS = {"responses": "/v1/responses", "messages": "/v1/messages"}
+PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **DOORS}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,8 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         port = free_port()
         upstream_log = Path(scratch) / "upstream.log"
         with running(upstream_command(port), dict(os.environ), port, upstream_log):
-            targets = TARGETS if args.api == "responses" else TARGETS[:2]
-            counts = {target: count(target, args, port, Path(scratch)) for target in targets}
+            counts = {
+                target: count(target, args, port, Path(scratch)) for target in targets_of(args)
+            }
     kind = "stream (20 chunks)" if args.stream else "whole answer"
     url = args.database_url or ""
     database = "PostgreSQL" if url.startswith("postgres") else "SQLite"
@@ -70,9 +75,14 @@ def main(argv: list[str] | None = None) -> None:
     for target, instructions in counts.items():
         ratio = instructions / counts["floor"]
         line = f"{target:9} {instructions / 1e6:6.2f}M instructions per request  {ratio:.2f}x"
-        if target == "responses":
+        if target in DOORS:
             line += f"  ({instructions / counts['gateway']:.3f}x the chat completion)"
         print(line)
+
+
+def targets_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """Return the targets counted: the floor, the gateway, and the door asked for."""
+    return TARGETS + ((args.api,) if args.api in DOORS else ())
 
 
 def count(target: str, args: argparse.Namespace, upstream_port: int, scratch: Path) -> float:
@@ -120,14 +130,21 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def request_body(target: str, stream: bool) -> bytes:
-    """Return the body ``target`` is sent: the chat completion, or its Responses API twin."""
-    if target != "responses":
-        return Scenario("counted", "bench-fast", stream, 1).body()
-    streamed = ',"stream":true' if stream else ""
-    return (
-        f'{{"model":"bench-fast","input":"{PROMPT[0]["content"]}",'
-        f'"max_output_tokens":64{streamed}}}'
-    ).encode()
+    """Return the body ``target`` is sent: the chat completion, or its twin at another door."""
+    chat = Scenario("counted", "bench-fast", stream, 1).body()
+    if target == "responses":
+        streamed = ',"stream":true' if stream else ""
+        return (
+            f'{{"model":"bench-fast","input":"{PROMPT[0]["content"]}",'
+            f'"max_output_tokens":64{streamed}}}'
+        ).encode()
+    if target == "messages":
+        fields = json.loads(chat)
+        body = {"model": fields["model"], "max_tokens": fields["max_tokens"], "messages": PROMPT}
+        if stream:
+            body["stream"] = True
+        return json.dumps(body, separators=(",", ":")).encode()
+    return chat
 
 
 def configure_gateway(
@@ -177,12 +194,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=200, help="counted per target")
     parser.add_argument(
         "--api",
-        choices=("chat", "responses"),
+        choices=("chat", *DOORS),
         default="chat",
-        help="responses: also count the same request through the Responses API",
+        help="also count the same request through the Responses API or the Messages door",
     )
     parser.add_argument("--key", help="an API key of the database's, funded (else a new one)")
-    parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=(*TARGETS, *DOORS), help=argparse.SUPPRESS)
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

@@ -1,15 +1,27 @@
-"""GET /v1/models and GET /v1/models/{id}."""
+"""GET /v1/models and GET /v1/models/{id}, in OpenAI's shape or, for Anthropic's clients, theirs.
+
+A request that carries ``anthropic-version`` (the Anthropic SDKs and Claude Code send it
+on every call) is answered with Anthropic's model objects and list page, so that their
+model pickers work; every other with OpenAI's.
+"""
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, g
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Request, Response, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.errors import ModelNotFound
-from app.catalog.registry import current_catalog
+from app.catalog.registry import Model, current_catalog
 from app.encoding import dumps
+from app.errors import InvalidRequest
 
 bp = Blueprint("catalog", __name__)
+
+ANTHROPIC_VERSION = "anthropic-version"
+DEFAULT_PAGE, MAX_PAGE = 20, 1000
 
 
 @bp.get("/models")
@@ -17,7 +29,10 @@ bp = Blueprint("catalog", __name__)
 def list_models() -> Response:
     """List the models the caller's key may use, with prices (USD per million) and capabilities."""
     models = current_catalog().list(may_use=g.caller.may_use)
-    body = {"object": "list", "data": [model.to_dict() for model in models]}
+    if ANTHROPIC_VERSION in request.headers:
+        body = anthropic_page(models, request)
+    else:
+        body = {"object": "list", "data": [model.to_dict() for model in models]}
     return Response(dumps(body), mimetype="application/json")
 
 
@@ -28,4 +43,41 @@ def retrieve_model(model_id: str) -> Response:
     model = current_catalog().models.get(model_id)
     if model is None or not g.caller.may_use(model.id):
         raise ModelNotFound(model_id)
+    if ANTHROPIC_VERSION in request.headers:
+        return Response(dumps(anthropic_model(model)), mimetype="application/json")
     return Response(dumps(model.to_dict()), mimetype="application/json")
+
+
+def anthropic_model(model: Model) -> dict[str, Any]:
+    """Render a model as Anthropic's ModelInfo (the catalog names no display name: its id)."""
+    created = datetime.fromtimestamp(model.created, UTC).isoformat().replace("+00:00", "Z")
+    return {"type": "model", "id": model.id, "display_name": model.id, "created_at": created}
+
+
+def anthropic_page(models: list[Model], page_request: Request) -> dict[str, Any]:
+    """Render a page of Anthropic's model list: ``limit`` models after or before an id."""
+    ids = [model.id for model in models]
+    start, end = 0, len(models)
+    if after := page_request.args.get("after_id"):
+        start = ids.index(after) + 1 if after in ids else end
+    if before := page_request.args.get("before_id"):
+        end = ids.index(before) if before in ids else 0
+    limit = page_limit(page_request.args.get("limit"))
+    window = models[start:end]
+    page = window[-limit:] if before and not after else window[:limit]
+    data = [anthropic_model(model) for model in page]
+    return {
+        "data": data,
+        "has_more": len(page) < len(window),
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+def page_limit(value: str | None) -> int:
+    """Read ``limit``: 1 to 1000, 20 when absent."""
+    if value is None:
+        return DEFAULT_PAGE
+    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
+        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}.", param="limit")
+    return int(value)

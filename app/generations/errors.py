@@ -14,11 +14,21 @@ class UnsupportedContent(APIError):
 
 
 class ContextLengthExceeded(APIError):
-    """The prompt alone is longer than the model's context window."""
+    """The prompt alone is longer than the model's context window.
+
+    ``tokens`` is the count that passed ``limit`` (counting stops there), for the doors
+    whose clients read the numbers from the message (Claude Code compacts on them).
+    """
 
     status = 400
     type = "invalid_request_error"
     code = "context_length_exceeded"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, tokens: int = 0, limit: int = 0
+    ) -> None:
+        super().__init__(message, param=param)
+        self.tokens, self.limit = tokens, limit
 
 
 class OutputLimitExceeded(APIError):

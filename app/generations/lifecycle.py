@@ -137,6 +137,16 @@ def start_generation(
     return generation
 
 
+def count_prompt_tokens(*, model: Model, request: ChatRequest) -> int:
+    """Count the prompt's tokens as the model's first route does; nothing is held or charged.
+
+    Counting stops once the count passes the model's context length (such a prompt cannot
+    run): the number returned is then above it, not exact.
+    """
+    route = model.routes[0]
+    return route.adapter.count_prompt_tokens(request, route.target, limit=model.context_length)
+
+
 @dataclass(frozen=True)
 class HoldTerms:
     """Who a generation's hold is placed for, under which id, and for how long."""

@@ -31,6 +31,8 @@ def prompt_tokens_within_context(request: ChatRequest, model: Model) -> int:
             f"The prompt is longer than model '{model.id}' takes: it has more than "
             f"{model.context_length} tokens.",
             param="messages",
+            tokens=tokens,
+            limit=model.context_length,
         )
     return tokens
 

@@ -89,14 +89,15 @@ def test_a_ratio_to_a_floor_that_measured_nothing_is_a_dash():
     assert ratio(3.0, 2.0) == "1.50"
 
 
-def test_the_instruction_counter_counts_both_targets():
-    command = [sys.executable, "bench/instructions.py", "--requests", "2"]
+def test_the_instruction_counter_counts_every_target():
+    command = [sys.executable, "bench/instructions.py", "--requests", "2", "--api", "messages"]
 
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
     assert done.returncode == 0, done.stderr[-3000:]
     counted = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()[1:]}
-    assert set(counted) == {"floor", "gateway"}
+    assert set(counted) == {"floor", "gateway", "messages"}
+    assert "x the chat completion" in done.stdout.splitlines()[-1]
     # Millions of instructions per request: more than zero, so counting was switched on.
     assert all(float(value.rstrip("M")) > 0.5 for value in counted.values()), done.stdout
 

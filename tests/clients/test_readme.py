@@ -33,13 +33,13 @@ def json_documents(output: str) -> list:
 
 
 def test_the_readme_has_python_and_curl_examples():
-    assert len(calling_it_examples("python")) == 1
+    assert len(calling_it_examples("python")) == 2  # the openai SDK, the anthropic SDK
     (curl,) = calling_it_examples("sh")
     assert curl.count("curl ") == 2 and "$KEY" in curl
 
 
 def test_the_python_example_runs(live_server, funded_key):
-    (example,) = calling_it_examples("python")
+    example = calling_it_examples("python")[0]
     assert README_BASE_URL in example and README_KEY in example
     code = example.replace(README_BASE_URL, live_server.url).replace(README_KEY, funded_key.key)
 
@@ -77,3 +77,24 @@ def test_the_curl_example_runs(live_server, funded_key):
     assert completion["choices"][0]["message"]["content"].startswith("Hello")
     assert completion["usage"]["cost"]["total_cost"] > 0
     assert model["id"] == "dev-chat" and model["object"] == "model"
+
+
+def test_the_anthropic_example_runs(live_server, funded_key, tmp_path):
+    example = calling_it_examples("python")[1]
+    assert "import anthropic" in example and README_KEY in example
+    code = example.replace(README_BASE_URL, live_server.url).replace(README_KEY, funded_key.key)
+
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # Only the example's credentials: none from variables or the SDK's config files.
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    message, streamed, counted = completed.stdout.splitlines()
+    assert message.startswith("Hello") and float(message.rsplit(" ", 1)[1]) > 0
+    assert streamed.startswith("Hello")
+    assert int(counted) == 8  # 4 + 1 (Hello) + 3 for the reply, as docs/builtin-model.md counts

@@ -3,6 +3,10 @@
 When the money path's functions change shape, this module changes and the simulator
 does not. Each function is one thing a worker, the sweeper or an operator does, or one
 read of the database's truth for the invariants.
+
+Every third request comes in by Anthropic's Messages door, the others by Chat
+Completions: its body is parsed and translated by that door, and its answer and events
+encoded by it, so that the door's streams settle as the chat ones must.
 """
 
 from __future__ import annotations
@@ -38,8 +42,12 @@ from app.generations import idempotency, retention
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
 from app.generations.lifecycle import Generation
-from app.generations.models import RESPONSES
+from app.generations.models import CHAT, MESSAGES, RESPONSES
 from app.generations.models import Generation as GenerationRecord
+from app.messages.schemas import parse_messages_request
+from app.messages.translation import StreamTranslation as MessagesStream
+from app.messages.translation import chat_request as translated_request
+from app.messages.translation import message_of
 from app.providers.base import ChatRequest, Route, RouteTarget, Usage
 from app.responses import conversation as response_conversation
 from app.responses import store as response_store
@@ -49,7 +57,8 @@ from app.responses.errors import ResponseNotFound
 from app.responses.ids import new_response_id
 from app.responses.models import StoredResponse
 from app.responses.schemas import parse_response_request
-from app.responses.translation import StreamTranslation, check_output_limit, response_events
+from app.responses.translation import StreamTranslation as ResponsesStream
+from app.responses.translation import check_output_limit, response_events
 from app.sweeper import (
     LiveHolds,
     record_stream_progress,
@@ -273,11 +282,29 @@ def set_monthly_limit(key_id: int, limit: Decimal | None) -> None:
     key_admin.update_key_limits(key_id, permitted_models=None, monthly_limit=limit)
 
 
+def api_of(number: int) -> str:
+    """The front door simulated request ``number`` comes in by."""
+    return MESSAGES if number % 3 == 0 else CHAT
+
+
 def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) -> ChatRequest:
-    """The request of simulated request ``number``, which the upstream plays by its script."""
+    """The request of simulated request ``number``, which the upstream plays by its script.
+
+    A Messages request is the normalized request its door translates its body into.
+    """
+    content = f"simulated request {number}"
+    if api_of(number) == MESSAGES:
+        body = {
+            "model": model.id,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content}],
+            "stream": stream,
+            SCRIPT_FIELD: number,
+        }
+        return translated_request(parse_messages_request(body), model)
     return ChatRequest(
         model=model.id,
-        messages=[{"role": "user", "content": f"simulated request {number}"}],
+        messages=[{"role": "user", "content": content}],
         params={"max_tokens": max_tokens},
         stream=stream,
         include_usage=stream and number % 2 == 0,
@@ -305,6 +332,7 @@ def start(
             request=request,
             hold_ttl_seconds=ttl,
             generation_id=generation_id,
+            api=api_of(request.extra[SCRIPT_FIELD]),
         )
     except InsufficientCredits:
         db.session.rollback()
@@ -383,7 +411,7 @@ def open_response_stream(generation: Generation, turn: Turn) -> Iterator[list[di
     chunk makes several events, the text's after the item's, in the same send.
     """
     writer = EventWriter(turn.draft)
-    translation = StreamTranslation(writer, turn.tools)
+    translation = ResponsesStream(writer, turn.tools)
     events = response_events(
         writer, translation, generations.stream_generation(generation), turn.finished
     )
@@ -406,24 +434,6 @@ def complete_response(generation: Generation, turn: Turn) -> dict[str, Any]:
     return turn.answered(generations.run_generation(generation))
 
 
-def received(sent: dict[str, Any] | list[dict[str, Any]]) -> tuple[int, Decimal | None]:
-    """What a caller got in one send: words of text, and the cost it tells, if any.
-
-    A chat chunk's content and usage, or Responses events: text deltas, and the
-    terminal event's response with its usage.
-    """
-    if isinstance(sent, dict):
-        words = sum(len((c["delta"].get("content") or "").split()) for c in sent["choices"])
-        return words, body_cost(sent)
-    words, cost = 0, None
-    for event in sent:
-        if event["type"] == "response.output_text.delta":
-            words += len(event["delta"].split())
-        elif event["type"] in ("response.completed", "response.incomplete"):
-            cost = body_cost(event["response"])
-    return words, cost
-
-
 def stored_cost(account_id: int, response_id: str) -> Decimal | None:
     """The cost a stored response tells, found as ``account_id`` (None: not found)."""
     stored = response_store.find_stored(account_id, response_id)
@@ -433,26 +443,73 @@ def stored_cost(account_id: int, response_id: str) -> Decimal | None:
     return Decimal(response["usage"]["cost"]["total_cost"])
 
 
-def open_stream(generation: Generation) -> Iterator[dict[str, Any]]:
-    """The chunk bodies of a streamed generation, as the SSE writer pulls them.
+def open_stream(generation: Generation) -> Iterator[list[dict[str, Any]]]:
+    """What the caller of a streamed generation receives, one send at a time.
 
-    The Nones between bodies only pace the writer's sends; closing this closes the stream.
+    Its door's SSE writer sends the bodies between two flush points (the Nones) together:
+    a Messages stream's last content block closes in the send that tells its cost, after
+    the settlement. Closing this closes the stream.
     """
-    stream = chunk_bodies(generation, generations.stream_generation(generation))
+    items = generations.stream_generation(generation)
+    if generation.api == MESSAGES:
+        stream = MessagesStream(generation, omitted=False).events(items)
+    else:
+        stream = chunk_bodies(generation, items)
     try:
+        send: list[dict[str, Any]] = []
         for body in stream:
             if body is not None:
-                yield body
+                send.append(body)
+            elif send:
+                yield send
+                send = []
+        if send:
+            yield send
     finally:
         stream.close()
 
 
 def complete(generation: Generation) -> dict[str, Any]:
     """Run a whole (non-streamed) generation; return its response body."""
-    return completion_body(generation, generations.run_generation(generation))
+    answer = generations.run_generation(generation)
+    if generation.api == MESSAGES:
+        return message_of(generation, answer, omitted=False)
+    return completion_body(generation, answer)
 
 
-def close_stream(stream: Iterator[dict[str, Any]]) -> None:
+def delivered_tokens(send: list[dict[str, Any]]) -> int:
+    """The tokens of content a send brings the caller (the simulated upstream's words)."""
+    return sum(_content_tokens(body) for body in send)
+
+
+def _content_tokens(body: dict[str, Any]) -> int:
+    """A chat chunk's content, a Messages text delta, or a Responses text delta, in words."""
+    if "choices" in body:
+        return sum(len((c["delta"].get("content") or "").split()) for c in body["choices"])
+    if body["type"] == "response.output_text.delta":
+        return len(body["delta"].split())
+    delta = body.get("delta") if body["type"] == "content_block_delta" else None
+    return len(delta["text"].split()) if delta and delta["type"] == "text_delta" else 0
+
+
+def send_cost(send: list[dict[str, Any]]) -> Decimal | None:
+    """The cost a send of a stream tells the caller, if one of its bodies tells it.
+
+    A chat chunk or Messages' message_delta tells it in its usage; a Responses stream in
+    the response its terminal event carries.
+    """
+    for body in send:
+        told = body.get("response") if body.get("type") in RESPONSES_ENDS else body
+        if (cost := body_cost(told)) is not None:
+            return cost
+    return None
+
+
+# The events that end a Responses stream, carrying the whole response with its usage.
+RESPONSES_ENDS = ("response.completed", "response.incomplete")
+
+
+def close_stream(stream: Iterator[list[dict[str, Any]]]) -> None:
     """The server closes the stream's generator: the caller went away, or it is done."""
     stream.close()  # type: ignore[attr-defined]
 
@@ -507,7 +564,11 @@ def bury(generation: Generation) -> None:
 
 
 def body_cost(body: dict[str, Any]) -> Decimal | None:
-    """The ``usage.cost.total_cost`` a response body or usage chunk tells the caller."""
+    """The ``usage.cost.total_cost`` a body tells the caller, if it tells one.
+
+    A whole answer tells it, and so do the chat stream's usage chunk and the Messages
+    stream's ``message_delta``.
+    """
     usage = body.get("usage")
     return None if usage is None else Decimal(usage["cost"]["total_cost"])
 

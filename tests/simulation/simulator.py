@@ -470,17 +470,17 @@ class Simulation:
                 request.chunks = driver.open_stream(request.generation)
             request.state = STREAMING
         try:
-            body = next(request.chunks)
+            send = next(request.chunks)
         except StopIteration:
             return self.end(request, cap, completed=True, how="stream ended")
         except UpstreamError:
             return self.end(request, cap, completed=False, how="upstream broke off")
-        return self.received(request, body, cap)
+        return self.received(request, send, cap)
 
-    def received(self, request: SimRequest, body: dict[str, Any], cap: Decimal) -> str:
+    def received(self, request: SimRequest, send: list[dict[str, Any]], cap: Decimal) -> str:
         """Count what the caller got; a cost told means the stream has settled."""
-        words, request.told_cost = driver.received(body)
-        request.delivered += words
+        request.delivered += driver.delivered_tokens(send)
+        request.told_cost = driver.send_cost(send)
         if request.told_cost is not None:
             return self.end(request, cap, completed=True, how="usage chunk")
         request.deadline = self.deadline(request)
