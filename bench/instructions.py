@@ -89,7 +89,7 @@ def report(
         name += " (a private server under callgrind, its backends counted)"
     lines = [f"{kind}, gateway on {name}, {args.requests} requests counted per target"]
     for target, instructions in counts.items():
-        line = f"{target:9} {instructions / 1e6:6.2f}M instructions per request  "
+        line = f"{target:13} {instructions / 1e6:6.2f}M instructions per request  "
         line += f"{instructions / counts['floor']:.2f}x"
         if target in DOORS:
             line += f"  ({instructions / counts['gateway']:.3f}x the chat completion)"
@@ -107,10 +107,10 @@ def database_lines(
     backends = work.backends / requests
     total = instructions + backends
     return [
-        f"{target + ':db':9} {backends / 1e6:6.2f}M instructions per request in PostgreSQL's "
+        f"{target + ':db':13} {backends / 1e6:6.2f}M instructions per request in PostgreSQL's "
         f"backends of its {work.connections} connections "
         f"(background processes {work.background / requests / 1e6:.3f}M, not added)",
-        f"{target + ':sum':9} {total / 1e6:6.2f}M instructions per request  {total / floor:.2f}x",
+        f"{target + ':sum':13} {total / 1e6:6.2f}M instructions per request  {total / floor:.2f}x",
     ]
 
 
