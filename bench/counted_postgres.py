@@ -3,13 +3,14 @@
 On PostgreSQL part of a request's work is the server's: the backend of each of the
 gateway's connections parses, plans and runs its statements and writes the WAL. This
 machine kind has no hardware counters for ``perf stat -e instructions``, so the server
-runs under callgrind as the gateway does: a cluster of its own (initdb into the run's
-scratch directory, its own port, autovacuum off), every process it forks counted.
+runs under callgrind as the gateway does: a cluster of its own (initdb into a temporary
+directory, its own port, autovacuum off), every process it forks counted.
 
 Counting has to start after the warm-up and stop after the counted requests, in each
-backend, while the gateway keeps its connections: callgrind_control cannot reach a
-process PostgreSQL forked (vgdb loses it when the backend rewrites its process title),
-so the mark is a function only a signal makes a backend run.
+backend, while the gateway keeps its connections. callgrind_control cannot reach a
+backend PostgreSQL forked (tried: without --trace-children it has no vgdb; with it, the
+backend dies when vgdb connects, its environment overwritten by its process title), so
+the mark is a function only a signal makes a backend run.
 ``pg_log_backend_memory_contexts(pid)`` makes that process run
 ``ProcessLogMemoryContextInterrupt`` at once, even idle, and callgrind writes its
 counts so far to a new file before that function starts (``--dump-before``) and
