@@ -8,11 +8,19 @@ app, in front of the fake upstream, and callgrind counts the user-space instruct
 those requests alone (the start-up and a warm-up are not counted). The same code counts
 the same within a fraction of a percent, whatever else the machine does. What it leaves
 out: the kernel's work (sockets, SQLite's file writes and locks: a third of SQLite's own
-cost), gunicorn's, and time spent waiting; bench/run.py's figures remain the ones the
-targets are about.
+cost), gunicorn's, and time spent waiting, which bench/run.py's CPU times include. The
+speed targets are in these counts (bench/RESULTS.md): at most 1.3x the floor on SQLite
+and 1.6x on PostgreSQL (the sum with ``--postgresql``), whole answers and streams;
+bench/run.py's ratios of the same interleaved run remain the throughput targets.
 
-    .venv/bin/python bench/instructions.py [--stream] [--database-url URL] [--key KEY]
-        [--requests 200] [--api responses|messages]
+    .venv/bin/python bench/instructions.py [--stream] [--database-url URL | --postgresql]
+        [--key KEY] [--requests 200] [--api responses|messages]
+
+``--postgresql`` serves the gateway on a private PostgreSQL server started for the run
+under callgrind too (bench/counted_postgres.py), and adds, per gateway target, the
+instructions of the backends of its connections (``:db``) and the request's total
+(``:sum``, with its ratio to the floor, which has no database): on PostgreSQL part of a
+request's work is the server's, and the speed targets are about the sum.
 
 ``--api responses`` also counts the gateway answering the same request through the
 Responses API (POST /v1/responses, stored as by default), ``--api messages`` through
@@ -34,11 +42,14 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.counted_postgres import DatabaseWork, Marks, counted_postgres  # noqa: E402
 from bench.run import (  # noqa: E402
     PROMPT,
     Scenario,
@@ -61,23 +72,61 @@ PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **D
 def main(argv: list[str] | None = None) -> None:
     """Count each target's instructions per request under callgrind; print them."""
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         port = free_port()
+        if args.postgresql:
+            args.database_url, args.counts = stack.enter_context(counted_postgres(free_port()))
         upstream_log = Path(scratch) / "upstream.log"
         with running(upstream_command(port), dict(os.environ), port, upstream_log):
             counts = {
                 target: count(target, args, port, Path(scratch)) for target in targets_of(args)
             }
+            database = {target: database_work(args, target) for target in counts}
+    for line in report(args, counts, database):
+        print(line)
+
+
+def report(
+    args: argparse.Namespace, counts: dict[str, float], database: dict[str, DatabaseWork | None]
+) -> list[str]:
+    """Return the lines that say each target's instructions per request and their ratios."""
     kind = "stream (20 chunks)" if args.stream else "whole answer"
     url = args.database_url or ""
-    database = "PostgreSQL" if url.startswith("postgres") else "SQLite"
-    print(f"{kind}, gateway on {database}, {args.requests} requests counted per target")
+    name = "PostgreSQL" if url.startswith("postgres") else "SQLite"
+    if args.postgresql:
+        name += " (a private server under callgrind, its backends counted)"
+    lines = [f"{kind}, gateway on {name}, {args.requests} requests counted per target"]
     for target, instructions in counts.items():
-        ratio = instructions / counts["floor"]
-        line = f"{target:9} {instructions / 1e6:6.2f}M instructions per request  {ratio:.2f}x"
+        line = f"{target:13} {instructions / 1e6:6.2f}M instructions per request  "
+        line += f"{instructions / counts['floor']:.2f}x"
         if target in DOORS:
             line += f"  ({instructions / counts['gateway']:.3f}x the chat completion)"
-        print(line)
+        lines.append(line)
+        work = database[target]
+        if work is not None:
+            lines += database_lines(target, instructions, work, args.requests, counts["floor"])
+    return lines
+
+
+def database_lines(
+    target: str, instructions: float, work: DatabaseWork, requests: int, floor: float
+) -> list[str]:
+    """Return the server's lines for one target: its backends', and the request's total."""
+    backends = work.backends / requests
+    total = instructions + backends
+    return [
+        f"{target + ':db':13} {backends / 1e6:6.2f}M instructions per request in PostgreSQL's "
+        f"backends of its {work.connections} connections "
+        f"(background processes {work.background / requests / 1e6:.3f}M, not added)",
+        f"{target + ':sum':13} {total / 1e6:6.2f}M instructions per request  {total / floor:.2f}x",
+    ]
+
+
+def database_work(args: argparse.Namespace, target: str) -> DatabaseWork | None:
+    """Return what the counted server did for ``target``'s requests; None when not counted."""
+    if not args.counts or target == "floor":
+        return None
+    return DatabaseWork(**json.loads((Path(args.counts) / f"work.{target}.json").read_text()))
 
 
 def targets_of(args: argparse.Namespace) -> tuple[str, ...]:
@@ -95,6 +144,7 @@ def count(target: str, args: argparse.Namespace, upstream_port: int, scratch: Pa
         *(["--stream"] if args.stream else []),
         *(["--database-url", args.database_url] if args.database_url else []),
         *(["--key", args.key] if args.key else []),
+        *(["--counts", str(args.counts)] if args.counts and target != "floor" else []),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
@@ -122,11 +172,19 @@ def serve(args: argparse.Namespace) -> None:
         status = call(app, body, key, path)
         if not status.startswith("200"):
             raise RuntimeError(f"{args.serve} answered {status}")
-    # The log and the metrics files stay open: counting starts and stops from outside.
-    subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True)
-    for _ in range(args.requests):
-        call(app, body, key, path)
-    subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
+
+    def counted() -> None:
+        # The log and the metrics files stay open: counting starts and stops from outside.
+        subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True)
+        for _ in range(args.requests):
+            call(app, body, key, path)
+        subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
+
+    if not args.counts:
+        counted()
+        return
+    work = Marks(args.database_url, Path(args.counts)).counted(counted)
+    (Path(args.counts) / f"work.{args.serve}.json").write_text(json.dumps(asdict(work)))
 
 
 def request_body(target: str, stream: bool) -> bytes:
@@ -190,7 +248,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream", action="store_true", help="count streamed requests")
-    parser.add_argument("--database-url", help="PostgreSQL URL for the gateway (else SQLite)")
+    database = parser.add_mutually_exclusive_group()
+    database.add_argument("--database-url", help="PostgreSQL URL for the gateway (else SQLite)")
+    database.add_argument(
+        "--postgresql",
+        action="store_true",
+        help="serve on a private PostgreSQL server under callgrind, its backends counted too",
+    )
     parser.add_argument("--requests", type=int, default=200, help="counted per target")
     parser.add_argument(
         "--api",
@@ -201,7 +265,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--key", help="an API key of the database's, funded (else a new one)")
     parser.add_argument("--serve", choices=(*TARGETS, *DOORS), help=argparse.SUPPRESS)
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    # Where the counted server writes its counts, for the process it serves in.
+    parser.add_argument("--counts", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.postgresql and args.key:
+        parser.error("--key calls a database of its own: not the private server of --postgresql")
+    return args
 
 
 if __name__ == "__main__":

@@ -102,6 +102,23 @@ def test_the_instruction_counter_counts_every_target():
     assert all(float(value.rstrip("M")) > 0.5 for value in counted.values()), done.stdout
 
 
+def test_the_instruction_counter_counts_postgresql_backends_apart_and_in_the_sum():
+    command = [sys.executable, "bench/instructions.py", "--requests", "3", "--postgresql"]
+
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "PostgreSQL (a private server under callgrind, its backends counted)" in lines[0]
+    counted = {line.split()[0]: float(line.split()[1].rstrip("M")) for line in lines[1:]}
+    assert set(counted) == {"floor", "gateway", "gateway:db", "gateway:sum"}
+    # A backend's statements (a hold and a settlement) take well over 100K instructions:
+    # fewer would mean the marks counted nothing, or only their own logging.
+    assert counted["gateway:db"] > 0.1, done.stdout
+    assert abs(counted["gateway:sum"] - counted["gateway"] - counted["gateway:db"]) <= 0.011
+    assert "connections" in lines[3] and "background processes" in lines[3]
+
+
 def test_the_sqlite_replay_times_every_way_of_committing():
     command = [sys.executable, "bench/sqlite_writes.py", "--requests", "5"]
 
