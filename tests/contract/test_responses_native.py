@@ -30,6 +30,19 @@ base_url = "{url}/openai/v1"
 api_key_env = "OPENAI_TEST_KEY"
 retries = 0
 
+[upstreams.vllm]
+kind = "openai"
+base_url = "{url}/vllm/v1"
+retries = 0
+
+[[models]]
+id = "qwen-think"
+context_length = 32000
+max_output_tokens = 2048
+capabilities = ["reasoning"]
+pricing = {{ prompt = 0.1, completion = 0.4 }}
+routes = [{{ upstream = "vllm", model = "Qwen/Qwen3-8B" }}]
+
 [[models]]
 id = "gpt-five"
 context_length = 400000
@@ -328,3 +341,27 @@ def settled_generation(app, account_id: int):
             return generations[0]
         time.sleep(0.05)
     raise AssertionError("the generation was never settled")
+
+
+def test_a_conversation_begun_on_a_translated_route_continues_passed_through(client, scripted):
+    scripted.script("/vllm", Reply("vllm_chat_reasoning"))
+    scripted.script("/openai", Reply("openai_response"))
+
+    first = client.responses.create(model="qwen-think", input="9.11 or 9.8?")
+    client.responses.create(model="gpt-five", previous_response_id=first.id, input="Sure?")
+
+    assert [item.type for item in first.output] == ["reasoning", "message"]
+    # The ids the gateway made, and reasoning no upstream can read back, stay here.
+    assert scripted.exchanges_to("/openai")[0].json["input"] == [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "9.11 or 9.8?"}],
+        },
+        {
+            key: value
+            for key, value in first.output[1].model_dump(exclude_none=True).items()
+            if key != "id"
+        },
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Sure?"}]},
+    ]
