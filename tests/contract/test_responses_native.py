@@ -19,6 +19,7 @@ import requests
 from app.catalog.pricing import cost_of
 from app.catalog.registry import Catalog, load_catalog
 from app.providers.base import Usage
+from tests.clients.test_codex_cli import run_codex
 from tests.conftest import running_server
 from tests.contract.conftest import billing_records
 from tests.upstream_server import ReplayServer, Reply, load_transcript
@@ -365,3 +366,26 @@ def test_a_conversation_begun_on_a_translated_route_continues_passed_through(cli
         },
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Sure?"}]},
     ]
+
+
+def test_codex_cli_runs_through_a_native_route_and_pays_its_usage(
+    app, gateway, funded, scripted, tmp_path
+):
+    scripted.script("/openai", Reply("openai_response_stream", write_size=64))
+
+    printed = run_codex(tmp_path, f"{gateway.url}/v1", funded.key, "-m", "gpt-five", "Weather?")
+
+    assert "Paris is sunny, 18 C." in printed
+    (exchange,) = scripted.exchanges
+    sent = exchange.json
+    # Codex's own request goes on as it sent it: its tools, include, reasoning and cache key.
+    assert sent["model"] == "gpt-5-mini-2025-08-07" and sent["stream"] is True
+    assert sent["store"] is False and "reasoning.encrypted_content" in sent["include"]
+    assert sent["prompt_cache_key"] and "client_metadata" in sent
+    assert {"function", "namespace", "web_search"} == {tool["type"] for tool in sent["tools"]}
+    account, (generation,), charges, holds = billing_records(app, funded.account_id)
+    done = transcript_events("openai_response_stream")[-1]["response"]
+    price = gateway.catalog.resolve("gpt-five").pricing
+    assert generation.cost == cost_of(usage_of(done), price) and generation.streamed
+    assert [-charge.amount for charge in charges] == [generation.cost]
+    assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
