@@ -195,6 +195,8 @@ class RelayedStream(DeliveryMeter):
         # The events the last reads completed: name, data as sent, data decoded.
         self.completed: list[tuple[str, str, dict[str, Any]]] = []
         self.terminal: dict[str, Any] | None = None
+        # Whether the upstream said itself that the stream broke (an error event).
+        self.broken = False
         self.sequence = -1
         # The response as last announced, for a stream that breaks to end with.
         self.snapshot: dict[str, Any] | None = None
@@ -208,6 +210,7 @@ class RelayedStream(DeliveryMeter):
             if kind in TEXT_DELTAS and type(payload.get("delta")) is str:
                 self.deliver(payload["delta"])
                 delivered = True
+            self.broken = self.broken or kind == "error"
             if type(payload.get("sequence_number")) is int:
                 self.sequence = payload["sequence_number"]
             if kind in TERMINAL_EVENTS and type(payload.get("response")) is dict:
@@ -243,6 +246,8 @@ class RelayedStream(DeliveryMeter):
 
     def ending(self, cost: Decimal) -> bytes:
         """Frame the held-back last event with the stream's cost; store its response."""
+        if self.terminal is None and self.broken:
+            return b""  # the caller has the upstream's error event
         if self.terminal is None:
             raise UpstreamError("The model's upstream ended the stream before the response.")
         response = as_answered(self.turn, self.terminal["response"], cost)

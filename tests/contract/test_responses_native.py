@@ -389,3 +389,23 @@ def test_codex_cli_runs_through_a_native_route_and_pays_its_usage(
     assert generation.cost == cost_of(usage_of(done), price) and generation.streamed
     assert [-charge.amount for charge in charges] == [generation.cost]
     assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
+
+
+def test_a_response_the_upstream_fails_mid_stream_is_billed_for_what_it_delivered(
+    app, client, funded, scripted
+):
+    scripted.script("/openai", Reply("openai_response_stream_failed"))
+
+    events = list(client.responses.create(model="gpt-five", input="Weather?", stream=True))
+
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.id.startswith("resp_")
+    assert failed.response.error.code == "server_error"
+    assert [event.type for event in events].count("error") == 0
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(failed.response.id)
+    account, (generation,), charges, holds = billing_records(app, funded.account_id)
+    # The upstream reported no usage: what it delivered is counted, the prompt estimated.
+    assert generation.estimated and generation.completion_tokens == 2 and generation.cost > 0
+    assert [-charge.amount for charge in charges] == [generation.cost]
+    assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
