@@ -31,7 +31,7 @@ from app.generations.models import RESPONSES
 from app.providers.base import NativeCall, Usage
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import EventBuilder
-from app.responses.bodies import COMPLETED, FAILED, INCOMPLETE, error_body
+from app.responses.bodies import COMPLETED, FAILED, INCOMPLETE, error_body, usage_body
 from app.responses.conversation import Turn
 from app.responses.ids import response_id_of_item
 from app.responses.schemas import ResponseRequest, item_type
@@ -131,8 +131,14 @@ def output_texts(output: Any) -> Iterator[str]:
                     yield part.get("text") or part.get("refusal")
 
 
-def as_answered(turn: Turn, response: dict[str, Any], cost: Decimal | None) -> dict[str, Any]:
-    """Return the upstream's Response object as the gateway answers it (see the module)."""
+def as_answered(
+    turn: Turn, response: dict[str, Any], charged: tuple[Usage, Decimal] | None = None
+) -> dict[str, Any]:
+    """Return the upstream's Response object as the gateway answers it (see the module).
+
+    ``charged`` is the usage billed and its cost, once settled: the upstream's usage gets
+    the cost, or, when it reported none, the usage billed is shown.
+    """
     answered = {
         **response,
         "id": turn.draft.id,
@@ -140,15 +146,21 @@ def as_answered(turn: Turn, response: dict[str, Any], cost: Decimal | None) -> d
         "previous_response_id": turn.request.params.get("previous_response_id"),
         "store": turn.request.store,
     }
-    usage = response.get("usage")
-    if cost is not None and type(usage) is dict:
-        answered["usage"] = {**usage, "cost": {"total_cost": cost}}
+    if charged is not None:
+        usage, cost = charged
+        reported = response.get("usage")
+        if type(reported) is dict:
+            answered["usage"] = {**reported, "cost": {"total_cost": cost}}
+        else:
+            answered["usage"] = usage_body(usage, cost)
     return answered
 
 
-def answered_whole(turn: Turn, response: dict[str, Any], cost: Decimal) -> dict[str, Any]:
+def answered_whole(
+    turn: Turn, response: dict[str, Any], usage: Usage, cost: Decimal
+) -> dict[str, Any]:
     """Return a whole answer as the gateway answers it, stored if the request asked."""
-    answered = as_answered(turn, response, cost)
+    answered = as_answered(turn, response, (usage, cost))
     if answered.get("status") in (COMPLETED, INCOMPLETE):
         turn.finished(answered)
     return answered
@@ -226,7 +238,7 @@ class RelayedStream(DeliveryMeter):
             if item is None:
                 yield None
             elif isinstance(item, StreamEnd):
-                yield self.ending(item.cost)
+                yield self.ending(item)
             else:
                 yield self.framed()
 
@@ -235,7 +247,7 @@ class RelayedStream(DeliveryMeter):
         framed = []
         for name, data, payload in self.completed:
             if type(payload.get("response")) is dict:
-                self.snapshot = as_answered(self.turn, payload["response"], None)
+                self.snapshot = as_answered(self.turn, payload["response"])
                 encoded = dumps_transient({**payload, "response": self.snapshot})
             else:
                 # Every other event goes on as the upstream wrote it.
@@ -244,13 +256,13 @@ class RelayedStream(DeliveryMeter):
         self.completed.clear()
         return b"".join(framed)
 
-    def ending(self, cost: Decimal) -> bytes:
+    def ending(self, end: StreamEnd) -> bytes:
         """Frame the held-back last event with the stream's cost; store its response."""
         if self.terminal is None and self.broken:
             return b""  # the caller has the upstream's error event
         if self.terminal is None:
             raise UpstreamError("The model's upstream ended the stream before the response.")
-        response = as_answered(self.turn, self.terminal["response"], cost)
+        response = as_answered(self.turn, self.terminal["response"], (end.usage, end.cost))
         if response.get("status") in (COMPLETED, INCOMPLETE):
             self.turn.finished(response)
         return typed_event({**self.terminal, "response": response})

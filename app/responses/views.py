@@ -88,8 +88,11 @@ def relayed_response(turn: Turn, generation: Generation, body: dict[str, Any]) -
         stream = RelayedStream(turn, generation)
         events = stream.events(relay_stream(generation, call, stream))
         return event_stream_response(events, stream.framing())
-    answer, _, cost = relay_generation(generation, call, whole_usage(delivery_meter(generation)))
-    return Response(dumps(answered_whole(turn, answer.decoded, cost)), mimetype="application/json")
+    answer, usage, cost = relay_generation(
+        generation, call, whole_usage(delivery_meter(generation))
+    )
+    body = answered_whole(turn, answer.decoded, usage, cost)
+    return Response(dumps(body), mimetype="application/json")
 
 
 @bp.get("/responses/<response_id>")

@@ -409,3 +409,6 @@ def test_a_response_the_upstream_fails_mid_stream_is_billed_for_what_it_delivere
     assert generation.estimated and generation.completion_tokens == 2 and generation.cost > 0
     assert [-charge.amount for charge in charges] == [generation.cost]
     assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
+    # It shows the usage billed, which the upstream did not report.
+    assert failed.response.usage.output_tokens == 2
+    assert total_cost(failed.response.usage) == generation.cost
