@@ -412,3 +412,19 @@ def test_a_response_the_upstream_fails_mid_stream_is_billed_for_what_it_delivere
     # It shows the usage billed, which the upstream did not report.
     assert failed.response.usage.output_tokens == 2
     assert total_cost(failed.response.usage) == generation.cost
+
+
+def test_a_repeated_idempotency_key_is_answered_once_and_charged_once(
+    app, gateway, client, funded, scripted
+):
+    scripted.script("/openai", Reply("openai_response"))
+    key = {"Idempotency-Key": "native-once"}
+
+    first = client.responses.create(model="gpt-five", input="Weather?", extra_headers=key)
+    again = client.responses.with_raw_response.create(
+        model="gpt-five", input="Weather?", extra_headers=key
+    )
+
+    assert len(scripted.exchanges) == 1
+    assert again.headers["Idempotent-Replayed"] == "true" and again.parse().id == first.id
+    charged(app, gateway, funded, transcript_body("openai_response"))
