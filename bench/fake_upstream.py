@@ -12,7 +12,10 @@ name picks the behaviour:
   apart, as a model sends its tokens while it generates them: every event a read of
   its own at the other end;
 - ``bench-trickle``: a stream that sends one chunk now and one every ``TRICKLE_SECONDS``
-  until ``TRICKLE_CHUNKS`` were sent or the caller hangs up (the memory benchmark).
+  until ``TRICKLE_CHUNKS`` were sent or the caller hangs up (the memory benchmark);
+- ``bench-native``: the same answer in OpenAI's Responses API, as its /v1/responses
+  sends it (a route passes requests through to it): the Response object, or a stream of
+  its events (``CHUNKS`` text deltas), in one write.
 
     python bench/fake_upstream.py --port 9100
 """
@@ -117,7 +120,64 @@ def whole_stream() -> bytes:
     return stream_head() + events + stream_end()
 
 
+def response_object(status: str) -> dict:
+    """Return the Responses API's Response object of the answer, in ``status``."""
+    completed = status == "completed"
+    text = {"type": "output_text", "annotations": [], "logprobs": [], "text": "".join(WORDS)}
+    message = {"id": "msg_upstream", "type": "message", "status": "completed",
+               "content": [text], "role": "assistant"}  # fmt: skip
+    usage = {
+        "input_tokens": PROMPT_TOKENS,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": COMPLETION_TOKENS,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+    }
+    return {
+        "id": "resp_upstream", "object": "response", "created_at": 1700000000,
+        "status": status, "error": None, "incomplete_details": None, "model": "upstream-model",
+        "output": [message] if completed else [], "usage": usage if completed else None,
+        "parallel_tool_calls": True, "store": False, "tool_choice": "auto", "tools": [],
+    }  # fmt: skip
+
+
+def responses_whole() -> bytes:
+    """Return the HTTP response of a whole Responses API answer."""
+    body = _compact(response_object("completed"))
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def responses_stream() -> bytes:
+    """Return a complete Responses API stream: its events, each in an HTTP chunk."""
+    text = "".join(WORDS)
+    item = {"id": "msg_upstream", "type": "message", "status": "in_progress", "content": [],
+            "role": "assistant"}  # fmt: skip
+    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+    place = {"item_id": "msg_upstream", "output_index": 0, "content_index": 0}
+    done = response_object("completed")
+    events = [
+        {"type": "response.created", "response": response_object("in_progress")},
+        {"type": "response.in_progress", "response": response_object("in_progress")},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.content_part.added", **place, "part": part},
+        *({"type": "response.output_text.delta", **place, "delta": word, "logprobs": []}
+          for word in WORDS),
+        {"type": "response.output_text.done", **place, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **place, "part": {**part, "text": text}},
+        {"type": "response.output_item.done", "output_index": 0, "item": done["output"][0]},
+        {"type": "response.completed", "response": done},
+    ]  # fmt: skip
+    chunks = b"".join(
+        http_chunk(b"event: %s\ndata: %s\n\n" % (event["type"].encode(), _compact(
+            {**event, "sequence_number": number})))
+        for number, event in enumerate(events)
+    )  # fmt: skip
+    return stream_head() + chunks + b"0\r\n\r\n"
+
+
 WHOLE, STREAM = whole_answer(), whole_stream()
+NATIVE_WHOLE, NATIVE_STREAM = responses_whole(), responses_stream()
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -162,6 +222,8 @@ class UpstreamProtocol(asyncio.Protocol):
         elif b"bench-drip" in body:
             self.busy = True
             asyncio.ensure_future(self._send_apart(CHUNKS, DRIP_SECONDS))
+        elif b"bench-native" in body:
+            self.transport.write(NATIVE_STREAM if streamed else NATIVE_WHOLE)
         elif b"bench-slow" in body:
             self.busy = True
             asyncio.get_running_loop().call_later(SLOW_SECONDS, self._send_later, streamed)

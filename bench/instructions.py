@@ -14,7 +14,7 @@ and 1.6x on PostgreSQL (the sum with ``--postgresql``), whole answers and stream
 bench/run.py's ratios of the same interleaved run remain the throughput targets.
 
     .venv/bin/python bench/instructions.py [--stream] [--database-url URL | --postgresql]
-        [--key KEY] [--requests 200] [--api responses|messages]
+        [--key KEY] [--requests 200] [--api responses|responses-native|messages]
 
 ``--postgresql`` serves the gateway on a private PostgreSQL server started for the run
 under callgrind too (bench/counted_postgres.py), and adds, per gateway target, the
@@ -23,7 +23,10 @@ instructions of the backends of its connections (``:db``) and the request's tota
 request's work is the server's, and the speed targets are about the sum.
 
 ``--api responses`` also counts the gateway answering the same request through the
-Responses API (POST /v1/responses, stored as by default), ``--api messages`` through
+Responses API (POST /v1/responses, stored as by default), translated to the upstream's
+chat completions; ``--api responses-native`` the same passed through to an upstream
+that serves the Responses API itself (the fake upstream's ``bench-native``);
+``--api messages`` through
 Anthropic's Messages door (the same prompt, max_tokens and answer from the fake
 upstream, translated both ways), each beside its chat completion, with their ratio.
 ``--key`` calls with a key of the database's own (bench/history.py prints its long
@@ -65,7 +68,11 @@ from bench.run import (  # noqa: E402
 WARM_UP = 50
 TARGETS = ("floor", "gateway")
 # The other doors the same request may be counted through, beside its chat completion.
-DOORS = {"responses": "/v1/responses", "messages": "/v1/messages"}
+DOORS = {
+    "responses": "/v1/responses",
+    "responses-native": "/v1/responses",
+    "messages": "/v1/messages",
+}
 PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **DOORS}
 
 
@@ -190,10 +197,11 @@ def serve(args: argparse.Namespace) -> None:
 def request_body(target: str, stream: bool) -> bytes:
     """Return the body ``target`` is sent: the chat completion, or its twin at another door."""
     chat = Scenario("counted", "bench-fast", stream, 1).body()
-    if target == "responses":
+    if target in ("responses", "responses-native"):
+        model = "bench-native" if target == "responses-native" else "bench-fast"
         streamed = ',"stream":true' if stream else ""
         return (
-            f'{{"model":"bench-fast","input":"{PROMPT[0]["content"]}",'
+            f'{{"model":"{model}","input":"{PROMPT[0]["content"]}",'
             f'"max_output_tokens":64{streamed}}}'
         ).encode()
     if target == "messages":

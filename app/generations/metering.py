@@ -38,11 +38,12 @@ class RelayMeter(Meter, Protocol):
         """Read one upstream read's bytes; return whether they carried generated output."""
 
 
-class StreamMeter:
-    """Counts what one stream delivered, as it goes.
+class DeliveryMeter:
+    """Counts what one stream delivered, as it goes: the text a door hands it (``deliver``).
 
     ``route`` counts tokens as the model's first route does; ``prompt_tokens`` is the
-    count the hold was placed with, an upper bound unless ``prompt_exact``.
+    count the hold was placed with, an upper bound unless ``prompt_exact``. A door's
+    meter reads its stream's pieces and delivers their text here.
     """
 
     def __init__(
@@ -59,18 +60,9 @@ class StreamMeter:
         self._prompt_tokens = prompt_tokens
         self._prompt_exact = prompt_exact
 
-    def observe(self, chunk: Chunk) -> None:
-        """Remember the generated text and finish reason of a delivered chunk."""
-        for choice in chunk.choices:
-            delta = choice.get("delta") or {}
-            for key in ("content", "reasoning"):
-                if text := delta.get(key):
-                    self._pieces.append(text)
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))
-            if choice.get("finish_reason") and self.finish_reason is None:
-                self.finish_reason = choice["finish_reason"]
+    def deliver(self, text: str) -> None:
+        """Remember a piece of generated text that went out, to count if it must be."""
+        self._pieces.append(text)
 
     @property
     def delivered_since_counted(self) -> bool:
@@ -116,3 +108,20 @@ class StreamMeter:
             self._prompt_tokens = adapter.count_prompt_tokens(self.request, target)
             self._prompt_exact = True
         return self._prompt_tokens
+
+
+class StreamMeter(DeliveryMeter):
+    """Counts what a stream of the core's normalized chunks delivered."""
+
+    def observe(self, chunk: Chunk) -> None:
+        """Remember the generated text and finish reason of a delivered chunk."""
+        for choice in chunk.choices:
+            delta = choice.get("delta") or {}
+            for key in ("content", "reasoning"):
+                if text := delta.get(key):
+                    self._pieces.append(text)
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))
+            if choice.get("finish_reason") and self.finish_reason is None:
+                self.finish_reason = choice["finish_reason"]

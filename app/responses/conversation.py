@@ -17,7 +17,7 @@ from app.providers.base import ChatRequest
 from app.responses.bodies import COMPLETED, INCOMPLETE, ResponseDraft, usage_body
 from app.responses.errors import ItemNotFound
 from app.responses.ids import ItemIds, response_id_of_item
-from app.responses.schemas import ResponseRequest
+from app.responses.schemas import ResponseRequest, item_type
 from app.responses.store import Chain, find_chain, find_stored, save_response, stored_items
 from app.responses.translation import ToolSet, chat_request, output_items
 
@@ -36,17 +36,17 @@ def continued_chain(request: ResponseRequest, account_id: int) -> Chain:
 
 
 def own_items(
-    request: ResponseRequest, chain: Chain, account_id: int, ids: ItemIds
+    sent: list[dict[str, Any]], chain: Chain, account_id: int, ids: ItemIds
 ) -> list[dict[str, Any]]:
-    """Return the request's items as stored: references resolved, repeats left out, ids made.
+    """Return the items a request ``sent``, as stored: references resolved, repeats out, ids made.
 
     :raise ItemNotFound: an item_reference names no item of the account's stored responses.
     """
     known_ids = {item.get("id") for item in chain.items}
     known_calls = {item["call_id"] for item in chain.items if item.get("type") == "function_call"}
     items = []
-    for index, item in enumerate(request.input):
-        kind = item["type"]
+    for index, item in enumerate(sent):
+        kind = item_type(item)
         if kind == "item_reference":
             if item["id"] in known_ids:
                 continue
@@ -73,14 +73,25 @@ class Turn:
     """One request's place in its conversation: what it continues, what it adds, its answer."""
 
     def __init__(
-        self, request: ResponseRequest, *, account_id: int, response_id: str, ttl_days: int
+        self,
+        request: ResponseRequest,
+        *,
+        account_id: int,
+        response_id: str,
+        ttl_days: int,
+        sent: list[dict[str, Any]] | None = None,
     ) -> None:
+        """Place the request in its conversation; its items are ``sent``, or its ``input``.
+
+        ``sent`` are the items as the caller sent them, for a request passed through.
+        """
         self.request = request
         self.account_id = account_id
         self.ttl_days = ttl_days
         self.draft = ResponseDraft(response_id, int(time.time()), request)
         self.chain = continued_chain(request, account_id)
-        self.items = own_items(request, self.chain, account_id, self.draft.item_ids)
+        sent = request.input if sent is None else sent
+        self.items = own_items(sent, self.chain, account_id, self.draft.item_ids)
         self.tools = ToolSet(request.params.get("tools", ()))
 
     def chat_request(self) -> ChatRequest:

@@ -42,6 +42,8 @@ class Chain:
     items: list[dict[str, Any]] = field(default_factory=list)
     length: int = 0
     size: int = 0
+    # The ids of its responses: the items the gateway named are theirs.
+    response_ids: frozenset[str] = frozenset()
 
 
 def find_stored(account_id: int, response_id: str) -> StoredResponse | None:
@@ -87,7 +89,7 @@ def find_chain(account_id: int, response_id: str) -> Chain:
             "response of it was deleted or expired.",
         )
     items = [item for row in reversed(rows) for item in stored_items(row)]
-    return Chain(response_id, items, length, size)
+    return Chain(response_id, items, length, size, frozenset(row.id for row in rows))
 
 
 def _chain_head(account_id: int, response_id: str) -> tuple[int, int] | None:

@@ -33,7 +33,13 @@ from app.responses.bodies import (
     usage_body,
 )
 from app.responses.ids import ItemIds
-from app.responses.schemas import MAX_TOOLS, NAMESPACE_SEPARATOR, ResponseRequest
+from app.responses.schemas import (
+    MAX_TOOLS,
+    NAMESPACE_SEPARATOR,
+    ResponseRequest,
+    item_type,
+    message_parts,
+)
 
 # Efforts beyond the contract's highest ask for its highest.
 EFFORTS = {"xhigh": "high", "max": "high"}
@@ -163,12 +169,16 @@ def chat_messages(items: list[dict[str, Any]], tools: ToolSet) -> list[dict[str,
     """Return the chat messages of Responses items; items a model is not shown are left out."""
     messages: list[dict[str, Any]] = []
     for item in items:
-        kind = item.get("type")
+        # Items passed through upstream are kept as sent: a message may be untyped, its
+        # content a string.
+        kind = item_type(item)
+        if kind == "message":
+            content = message_parts(item["role"], item["content"])
         if kind == "message" and item["role"] == "assistant":
-            add_to_answer(messages, content=answer_text(item["content"]))
+            add_to_answer(messages, content=answer_text(content))
         elif kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": chat_content(item["content"])})
+            messages.append({"role": role, "content": chat_content(content)})
         elif kind == "function_call":
             name = tools.chat_name(item["name"], item.get("namespace"))
             call = {"name": name, "arguments": item["arguments"]}
@@ -212,7 +222,8 @@ def chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
 def chat_part(part: dict[str, Any]) -> dict[str, Any]:
     """Return one part as a chat content part."""
     if part["type"] == "input_image":
-        detail = IMAGE_DETAILS.get(part["detail"], part["detail"])
+        detail = part.get("detail") or "auto"
+        detail = IMAGE_DETAILS.get(detail, detail)
         return {"type": "image_url", "image_url": {"url": part["image_url"], "detail": detail}}
     return {"type": "text", "text": part.get("text") or part.get("refusal") or ""}
 

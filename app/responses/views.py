@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
@@ -9,7 +11,15 @@ from app.catalog.registry import current_catalog
 from app.encoding import dumps, loads
 from app.errors import InvalidRequest
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
-from app.generations.lifecycle import run_generation, start_generation, stream_generation
+from app.generations.lifecycle import (
+    Generation,
+    native_routes,
+    relay_generation,
+    relay_stream,
+    run_generation,
+    start_generation,
+    stream_generation,
+)
 from app.generations.models import RESPONSES
 from app.request_body import json_body
 from app.responses.bodies import EventWriter
@@ -17,6 +27,14 @@ from app.responses.conversation import Turn
 from app.responses.errors import ResponseNotFound
 from app.responses.ids import new_response_id
 from app.responses.models import StoredResponse
+from app.responses.native import (
+    RelayedStream,
+    answered_whole,
+    delivery_meter,
+    native_call,
+    sent_items,
+    whole_usage,
+)
 from app.responses.schemas import parse_response_request
 from app.responses.store import delete_response, find_stored
 from app.responses.translation import StreamTranslation, check_output_limit, response_events
@@ -32,14 +50,17 @@ MAX_PAGE, DEFAULT_PAGE = 100, 20
 @honour_idempotency_key(new_response_id)
 def create_response() -> Response:
     """Answer a Responses API request, whole or streamed, paid from the caller's credits."""
-    response_request = parse_response_request(json_body(request))
+    body = json_body(request)
+    response_request = parse_response_request(body)
     model = current_catalog().resolve(response_request.model, may_use=g.caller.may_use)
     check_output_limit(response_request, model)
+    passed_through = bool(native_routes(model, RESPONSES))
     turn = Turn(
         response_request,
         account_id=g.caller.account_id,
         response_id=claimed_generation_id() or new_response_id(),
         ttl_days=current_app.config["RESPONSES_TTL_DAYS"],
+        sent=sent_items(body, response_request) if passed_through else None,
     )
     generation = start_generation(
         caller=g.caller,
@@ -49,12 +70,28 @@ def create_response() -> Response:
         generation_id=turn.draft.id,
         api=RESPONSES,
     )
+    if passed_through:
+        return relayed_response(turn, generation, body)
     if response_request.stream:
         writer = EventWriter(turn.draft)
         translation = StreamTranslation(writer, turn.tools)
         events = response_events(writer, translation, stream_generation(generation), turn.finished)
         return event_stream_response(events, writer.framing())
     body = turn.answered(run_generation(generation))
+    return Response(dumps(body), mimetype="application/json")
+
+
+def relayed_response(turn: Turn, generation: Generation, body: dict[str, Any]) -> Response:
+    """Answer a request passed through to an upstream that serves the Responses API."""
+    call = native_call(turn, body, generation)
+    if call.stream:
+        stream = RelayedStream(turn, generation)
+        events = stream.events(relay_stream(generation, call, stream))
+        return event_stream_response(events, stream.framing())
+    answer, usage, cost = relay_generation(
+        generation, call, whole_usage(delivery_meter(generation))
+    )
+    body = answered_whole(turn, answer.decoded, usage, cost)
     return Response(dumps(body), mimetype="application/json")
 
 

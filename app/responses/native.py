@@ -1,0 +1,286 @@
+"""A Responses request passed through to an upstream that serves /v1/responses itself.
+
+The gateway keeps owning the conversation on every route, so that retrieval, chaining
+and failover work whichever route answered: the upstream is sent the whole conversation
+(the stored chain's items, then the request's) with ``store: false`` and no
+``previous_response_id``, and its answer is stored and answered under the gateway's
+``resp_`` id. Everything else the caller sent goes on as sent: hosted tools, namespaces,
+``include``, ``reasoning``, fields the gateway does not know; reasoning items come back
+unchanged, ``encrypted_content`` included. Two things change on the way: item ids the
+gateway made for its own listing are not sent (the upstream never saw them), nor are
+reasoning items without ``encrypted_content`` (an upstream that keeps nothing cannot
+read them back); and ``max_output_tokens`` is the hold's when the caller set none.
+
+The answer is the upstream's, with the gateway's id, the model's public id, the
+request's ``store`` and ``previous_response_id``, and ``usage.cost``. A stream's events
+go out as each upstream read completes them; its last event (``response.completed``,
+``.incomplete`` or ``.failed``) waits for the settlement, whose cost it carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Any
+
+from app.encoding import dumps_transient, loads
+from app.errors import APIError
+from app.generations.lifecycle import Generation, StreamEnd
+from app.generations.metering import DeliveryMeter
+from app.generations.models import RESPONSES
+from app.providers.base import NativeCall, Usage
+from app.providers.errors import UpstreamError
+from app.providers.event_stream import EventBuilder
+from app.responses.bodies import COMPLETED, FAILED, INCOMPLETE, error_body, usage_body
+from app.responses.conversation import Turn
+from app.responses.ids import response_id_of_item
+from app.responses.schemas import ResponseRequest, item_type
+from app.sse import Framing, typed_event, typed_events
+
+# The fields of a request the gateway answers itself, not the upstream.
+GATEWAY_FIELDS = ("previous_response_id", "store", "input", "max_output_tokens")
+# The events whose delta is generated text: what a cut-off stream delivered.
+TEXT_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+    }
+)
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def sent_items(body: dict[str, Any], request: ResponseRequest) -> list[dict[str, Any]]:
+    """Return the request's items as the caller sent them (a string input as its message)."""
+    sent = body.get("input")
+    return sent if type(sent) is list else request.input
+
+
+def native_call(turn: Turn, body: dict[str, Any], generation: Generation) -> NativeCall:
+    """Return the request to pass through: the caller's, with the whole conversation."""
+    forwarded = {key: value for key, value in body.items() if key not in GATEWAY_FIELDS}
+    forwarded["input"] = forwarded_items(turn)
+    forwarded["store"] = False
+    # The hold covers this many output tokens: the upstream may not generate more.
+    forwarded["max_output_tokens"] = (
+        generation.request.max_output_tokens or generation.model.max_output_tokens
+    )
+    return NativeCall(api=RESPONSES, body=forwarded, stream=turn.request.stream)
+
+
+def forwarded_items(turn: Turn) -> list[dict[str, Any]]:
+    """Return the conversation's items as the upstream is sent them (see the module)."""
+    named_here = turn.chain.response_ids | {turn.draft.id}
+    items = []
+    for item in turn.chain.items + turn.items:
+        if item_type(item) == "reasoning" and not item.get("encrypted_content"):
+            continue
+        item_id = item.get("id")
+        if type(item_id) is str and response_id_of_item(item_id) in named_here:
+            item = {key: value for key, value in item.items() if key != "id"}
+        items.append(item)
+    return items
+
+
+def reported_usage(response: dict[str, Any]) -> Usage | None:
+    """Return the usage a Responses object reports, or None when it reports none."""
+    usage = response.get("usage")
+    if type(usage) is not dict:
+        return None
+    details = usage.get("input_tokens_details") or {}
+    output_details = usage.get("output_tokens_details") or {}
+    return Usage(
+        prompt_tokens=_count(usage.get("input_tokens")),
+        cached_tokens=_count(details.get("cached_tokens")),
+        completion_tokens=_count(usage.get("output_tokens")),
+        reasoning_tokens=_count(output_details.get("reasoning_tokens")),
+    )
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0
+
+
+def whole_usage(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Usage]:
+    """Return how a whole answer's usage is read: the upstream's, else what it delivered."""
+
+    def usage_of(response: dict[str, Any]) -> Usage:
+        usage = reported_usage(response)
+        if usage is not None:
+            return usage
+        for text in output_texts(response.get("output")):
+            meter.deliver(text)
+        return meter.usage_so_far()
+
+    return usage_of
+
+
+def output_texts(output: Any) -> Iterator[str]:
+    """Yield the generated text of output items: text, refusals, reasoning, arguments."""
+    for item in output if type(output) is list else ():
+        if type(item) is not dict:
+            continue
+        if type(item.get("arguments")) is str:
+            yield item["arguments"]
+        for key in ("content", "summary"):
+            for part in item.get(key) or ():
+                if type(part) is dict and type(part.get("text") or part.get("refusal")) is str:
+                    yield part.get("text") or part.get("refusal")
+
+
+def as_answered(
+    turn: Turn, response: dict[str, Any], charged: tuple[Usage, Decimal] | None = None
+) -> dict[str, Any]:
+    """Return the upstream's Response object as the gateway answers it (see the module).
+
+    ``charged`` is the usage billed and its cost, once settled: the upstream's usage gets
+    the cost, or, when it reported none, the usage billed is shown.
+    """
+    answered = {
+        **response,
+        "id": turn.draft.id,
+        "model": turn.request.model,
+        "previous_response_id": turn.request.params.get("previous_response_id"),
+        "store": turn.request.store,
+    }
+    if charged is not None:
+        usage, cost = charged
+        reported = response.get("usage")
+        if type(reported) is dict:
+            answered["usage"] = {**reported, "cost": {"total_cost": cost}}
+        else:
+            answered["usage"] = usage_body(usage, cost)
+    return answered
+
+
+def answered_whole(
+    turn: Turn, response: dict[str, Any], usage: Usage, cost: Decimal
+) -> dict[str, Any]:
+    """Return a whole answer as the gateway answers it, stored if the request asked."""
+    answered = as_answered(turn, response, (usage, cost))
+    if answered.get("status") in (COMPLETED, INCOMPLETE):
+        turn.finished(answered)
+    return answered
+
+
+def event_payload(data: str) -> dict[str, Any]:
+    """Decode one event's data; raise UpstreamError when it is not a JSON object."""
+    try:
+        payload = loads(data)
+    except ValueError:
+        payload = None
+    if type(payload) is not dict:
+        raise UpstreamError("The model's upstream sent an event that is not a JSON object.")
+    return payload
+
+
+def delivery_meter(generation: Generation) -> DeliveryMeter:
+    """Return a meter of what ``generation`` delivers, counted as its first route counts."""
+    return DeliveryMeter(
+        generation.model.routes[0],
+        generation.request,
+        generation.prompt_tokens,
+        prompt_exact=generation.prompt_tokens_exact,
+    )
+
+
+class RelayedStream(DeliveryMeter):
+    """Reads a passed-through stream's events as they come: its meter, and its writer.
+
+    ``observe`` takes each upstream read (the core's RelayMeter); ``events`` then frames
+    the events it completed, each response object answered as the gateway's. The last
+    event is kept back until ``ending`` is given the stream's cost.
+    """
+
+    def __init__(self, turn: Turn, generation: Generation) -> None:
+        super().__init__(
+            generation.model.routes[0],
+            generation.request,
+            generation.prompt_tokens,
+            prompt_exact=generation.prompt_tokens_exact,
+        )
+        self.turn = turn
+        self.builder = EventBuilder()
+        # The events the last reads completed: name, data as sent, data decoded.
+        self.completed: list[tuple[str, str, dict[str, Any]]] = []
+        self.terminal: dict[str, Any] | None = None
+        # Whether the upstream said itself that the stream broke (an error event).
+        self.broken = False
+        self.sequence = -1
+        # The response as last announced, for a stream that breaks to end with.
+        self.snapshot: dict[str, Any] | None = None
+
+    def observe(self, data: bytes) -> bool:
+        """Read one upstream read; return whether it delivered generated output."""
+        delivered = False
+        for event in self.builder.take_read(data):
+            payload = event_payload(event.data)
+            kind = payload.get("type")
+            if kind in TEXT_DELTAS and type(payload.get("delta")) is str:
+                self.deliver(payload["delta"])
+                delivered = True
+            self.broken = self.broken or kind == "error"
+            if type(payload.get("sequence_number")) is int:
+                self.sequence = payload["sequence_number"]
+            if kind in TERMINAL_EVENTS and type(payload.get("response")) is dict:
+                self.usage = reported_usage(payload["response"])
+                self.terminal = payload
+            else:
+                self.completed.append((event.event, event.data, payload))
+        return delivered
+
+    def events(self, items: Iterator[Any]) -> Iterator[bytes | None]:
+        """Frame the relayed ``items`` (reads, flush points, the StreamEnd) as the caller's."""
+        for item in items:
+            if item is None:
+                yield None
+            elif isinstance(item, StreamEnd):
+                yield self.ending(item)
+            else:
+                yield self.framed()
+
+    def framed(self) -> bytes:
+        """Frame the events the last reads completed, each response answered as ours."""
+        framed = []
+        for name, data, payload in self.completed:
+            if type(payload.get("response")) is dict:
+                self.snapshot = as_answered(self.turn, payload["response"])
+                encoded = dumps_transient({**payload, "response": self.snapshot})
+            else:
+                # Every other event goes on as the upstream wrote it.
+                encoded = data.encode()
+            framed.append(b"event: %s\ndata: %s\n\n" % (name.encode(), encoded))
+        self.completed.clear()
+        return b"".join(framed)
+
+    def ending(self, end: StreamEnd) -> bytes:
+        """Frame the held-back last event with the stream's cost; store its response."""
+        if self.terminal is None and self.broken:
+            return b""  # the caller has the upstream's error event
+        if self.terminal is None:
+            raise UpstreamError("The model's upstream ended the stream before the response.")
+        response = as_answered(self.turn, self.terminal["response"], (end.usage, end.cost))
+        if response.get("status") in (COMPLETED, INCOMPLETE):
+            self.turn.finished(response)
+        return typed_event({**self.terminal, "response": response})
+
+    def failure(self, error: APIError) -> bytes:
+        """Frame the events that end a stream broken by ``error``: error, response.failed."""
+        body, param = error_body(error), error.param
+        response = self.snapshot or self.turn.draft.body(FAILED, [])
+        failed = {**response, "status": FAILED, "error": body}
+        events = [
+            {"type": "error", **body, "param": param, "error": {**body, "param": param}},
+            {"type": "response.failed", "response": failed},
+        ]
+        for event in events:
+            self.sequence += 1
+            event["sequence_number"] = self.sequence
+        return typed_events(events)
+
+    def framing(self) -> Framing:
+        """Return how this stream is written: its reads framed already, its break as above."""
+        return Framing(frame=bytes, error=self.failure)
