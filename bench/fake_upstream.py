@@ -15,7 +15,10 @@ name picks the behaviour:
   until ``TRICKLE_CHUNKS`` were sent or the caller hangs up (the memory benchmark);
 - ``bench-native``: the same answer in OpenAI's Responses API, as its /v1/responses
   sends it (a route passes requests through to it): the Response object, or a stream of
-  its events (``CHUNKS`` text deltas), in one write.
+  its events (``CHUNKS`` text deltas), in one write;
+- ``bench-claude``: the same answer in Anthropic's Messages API, as its /v1/messages
+  sends it (a route passes Messages requests through to it): the Message, or a stream
+  of its events (``CHUNKS`` text deltas), in one write.
 
     python bench/fake_upstream.py --port 9100
 """
@@ -176,8 +179,50 @@ def responses_stream() -> bytes:
     return stream_head() + chunks + b"0\r\n\r\n"
 
 
+def anthropic_message() -> dict:
+    """Return Anthropic's Message of the answer, with its usage."""
+    usage = {"input_tokens": PROMPT_TOKENS, "cache_creation_input_tokens": 0,
+             "cache_read_input_tokens": 0, "output_tokens": COMPLETION_TOKENS}  # fmt: skip
+    return {
+        "id": "msg_upstream", "type": "message", "role": "assistant", "model": "upstream-model",
+        "content": [{"type": "text", "text": "".join(WORDS)}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": usage,
+    }  # fmt: skip
+
+
+def messages_whole() -> bytes:
+    """Return the HTTP response of a whole Messages API answer."""
+    body = _compact(anthropic_message())
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def messages_stream() -> bytes:
+    """Return a complete Messages API stream: its events, each in an HTTP chunk."""
+    message = anthropic_message()
+    start = {**message, "content": [], "stop_reason": None,
+             "usage": {**message["usage"], "output_tokens": 1}}  # fmt: skip
+    events = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+        *({"type": "content_block_delta", "index": 0,
+           "delta": {"type": "text_delta", "text": word}} for word in WORDS),
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+         "usage": {"output_tokens": COMPLETION_TOKENS}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    chunks = b"".join(
+        http_chunk(b"event: %s\ndata: %s\n\n" % (event["type"].encode(), _compact(event)))
+        for event in events
+    )
+    return stream_head() + chunks + b"0\r\n\r\n"
+
+
 WHOLE, STREAM = whole_answer(), whole_stream()
 NATIVE_WHOLE, NATIVE_STREAM = responses_whole(), responses_stream()
+CLAUDE_WHOLE, CLAUDE_STREAM = messages_whole(), messages_stream()
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -224,6 +269,8 @@ class UpstreamProtocol(asyncio.Protocol):
             asyncio.ensure_future(self._send_apart(CHUNKS, DRIP_SECONDS))
         elif b"bench-native" in body:
             self.transport.write(NATIVE_STREAM if streamed else NATIVE_WHOLE)
+        elif b"bench-claude" in body:
+            self.transport.write(CLAUDE_STREAM if streamed else CLAUDE_WHOLE)
         elif b"bench-slow" in body:
             self.busy = True
             asyncio.get_running_loop().call_later(SLOW_SECONDS, self._send_later, streamed)

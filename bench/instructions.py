@@ -14,7 +14,8 @@ and 1.6x on PostgreSQL (the sum with ``--postgresql``), whole answers and stream
 bench/run.py's ratios of the same interleaved run remain the throughput targets.
 
     .venv/bin/python bench/instructions.py [--stream] [--database-url URL | --postgresql]
-        [--key KEY] [--requests 200] [--api responses|responses-native|messages]
+        [--key KEY] [--requests 200]
+        [--api responses|responses-native|messages|messages-native]
 
 ``--postgresql`` serves the gateway on a private PostgreSQL server started for the run
 under callgrind too (bench/counted_postgres.py), and adds, per gateway target, the
@@ -28,7 +29,9 @@ chat completions; ``--api responses-native`` the same passed through to an upstr
 that serves the Responses API itself (the fake upstream's ``bench-native``);
 ``--api messages`` through
 Anthropic's Messages door (the same prompt, max_tokens and answer from the fake
-upstream, translated both ways), each beside its chat completion, with their ratio.
+upstream, translated both ways), ``--api messages-native`` the same passed through to an
+upstream that serves the Messages API itself (the fake upstream's ``bench-claude``),
+each beside its chat completion, with their ratio.
 ``--key`` calls with a key of the database's own (bench/history.py prints its long
 account's, on tables it filled) instead of a new account's.
 
@@ -72,6 +75,7 @@ DOORS = {
     "responses": "/v1/responses",
     "responses-native": "/v1/responses",
     "messages": "/v1/messages",
+    "messages-native": "/v1/messages",
 }
 PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **DOORS}
 
@@ -204,9 +208,10 @@ def request_body(target: str, stream: bool) -> bytes:
             f'{{"model":"{model}","input":"{PROMPT[0]["content"]}",'
             f'"max_output_tokens":64{streamed}}}'
         ).encode()
-    if target == "messages":
+    if target in ("messages", "messages-native"):
         fields = json.loads(chat)
-        body = {"model": fields["model"], "max_tokens": fields["max_tokens"], "messages": PROMPT}
+        model = "bench-claude" if target == "messages-native" else fields["model"]
+        body = {"model": model, "max_tokens": fields["max_tokens"], "messages": PROMPT}
         if stream:
             body["stream"] = True
         return json.dumps(body, separators=(",", ":")).encode()

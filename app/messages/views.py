@@ -9,13 +9,18 @@ from app.catalog.registry import current_catalog
 from app.encoding import dumps
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
 from app.generations.lifecycle import (
+    Generation,
     count_prompt_tokens,
+    native_routes,
+    relay_generation,
+    relay_stream,
     run_generation,
     start_generation,
     stream_generation,
 )
 from app.generations.models import MESSAGES
 from app.messages.bodies import MESSAGES_FRAMING, new_message_id
+from app.messages.native import RelayedStream, answered, native_call, whole_usage
 from app.messages.schemas import parse_count_tokens_request, parse_messages_request
 from app.messages.translation import (
     StreamTranslation,
@@ -35,7 +40,8 @@ bp = Blueprint("messages", __name__)
 @honour_idempotency_key(new_message_id)
 def create_message() -> Response:
     """Answer a Messages API request, whole or streamed, paid from the caller's credits."""
-    messages_request = parse_messages_request(json_body(request))
+    body = json_body(request)
+    messages_request = parse_messages_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
     generation = start_generation(
         caller=g.caller,
@@ -45,6 +51,8 @@ def create_message() -> Response:
         generation_id=claimed_generation_id() or new_message_id(),
         api=MESSAGES,
     )
+    if native_routes(model, MESSAGES):
+        return relayed_message(generation, body, stream=messages_request.stream)
     omitted = thinking_omitted(messages_request)
     if messages_request.stream:
         translation = StreamTranslation(generation, omitted=omitted)
@@ -52,6 +60,17 @@ def create_message() -> Response:
         return event_stream_response(events, MESSAGES_FRAMING)
     body = message_of(generation, run_generation(generation), omitted=omitted)
     return Response(dumps(body), mimetype="application/json")
+
+
+def relayed_message(generation: Generation, body: dict, *, stream: bool) -> Response:
+    """Answer a request passed through to an upstream that serves the Messages API."""
+    call = native_call(body, generation, request.headers, stream=stream)
+    if stream:
+        relayed = RelayedStream(generation)
+        events = relayed.events(relay_stream(generation, call, relayed))
+        return event_stream_response(events, relayed.framing())
+    answer, _, cost = relay_generation(generation, call, whole_usage)
+    return Response(dumps(answered(answer.decoded, generation, cost)), mimetype="application/json")
 
 
 @bp.post("/messages/count_tokens")

@@ -1,4 +1,4 @@
-"""The Messages door translated to real upstreams: OpenAI-compatible and Anthropic transcripts.
+"""The Messages door on real upstreams: translated, or passed through to Anthropic's own.
 
 Gunicorn serves a catalog whose upstreams the replay server plays; callers use the
 anthropic SDK. What reaches the upstream is read from the replay server's record.
@@ -14,10 +14,12 @@ import pytest
 
 from app.catalog.pricing import cost_of
 from app.catalog.registry import Catalog, load_catalog
+from app.encoding import loads
+from app.providers.anthropic import API_VERSION
 from app.providers.base import Usage
 from tests.conftest import running_server
 from tests.contract.conftest import billing_records
-from tests.upstream_server import ReplayServer, Reply
+from tests.upstream_server import ReplayServer, Reply, load_transcript
 
 CATALOG = """
 [upstreams.third]
@@ -328,3 +330,190 @@ def test_every_route_overloaded_is_529_overloaded_error_charged_nothing(
     account, generations, charges, holds = billing_records(app, funded.account_id)
     assert charges == [] and account.balance == Decimal("5") and account.reserved == 0
     assert [generation.status for generation in generations] == ["failed"]
+
+
+def transcript_body(name: str) -> dict:
+    return loads(load_transcript(name)[1])
+
+
+def generations_of(app, funded, count: int) -> list:
+    """Return the account's generations, each charged its cost, the holds all settled."""
+    account, generations, charges, holds = billing_records(app, funded.account_id)
+    assert len(generations) == count and account.reserved == 0
+    assert sorted(-charge.amount for charge in charges) == sorted(g.cost for g in generations)
+    assert {hold.status for hold in holds} == {"settled"}
+    return sorted(generations, key=lambda generation: generation.created_at)
+
+
+def test_an_anthropic_route_is_sent_the_callers_body_and_headers_as_they_came(
+    gateway, claude, scripted
+):
+    scripted.script("/claude", Reply("anthropic_message"))
+    system = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    extra = {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
+
+    message = claude.messages.create(
+        model="claude-sonnet",
+        max_tokens=100,
+        system=system,
+        messages=[{"role": "user", "content": "Capital of France?"}],
+        tools=[{**WEATHER, "defer_loading": True}],
+        metadata={"user_id": '{"device_id": "d-1"}'},
+        extra_body=extra,
+        extra_headers={
+            "anthropic-beta": "context-management-2025-06-27",
+            "anthropic-version": "2026-10-21",
+        },
+    )
+
+    (exchange,) = scripted.exchanges
+    assert exchange.path == "/claude/v1/messages"
+    assert exchange.json == {
+        "model": "claude-sonnet-4-5-20250929",
+        "max_tokens": 100,
+        "system": system,
+        "messages": [{"role": "user", "content": "Capital of France?"}],
+        "tools": [{**WEATHER, "defer_loading": True}],
+        "metadata": {"user_id": '{"device_id": "d-1"}'},
+        **extra,
+    }
+    assert exchange.headers["anthropic-beta"] == "context-management-2025-06-27"
+    # The caller's version, not the one the gateway sends when it translates.
+    assert exchange.headers["anthropic-version"] == "2026-10-21" != API_VERSION
+    assert exchange.headers["x-api-key"] == "sk-ant-test-secret"
+    assert message.model == "claude-sonnet" and message.id.startswith("msg_")
+    assert message.id != transcript_body("anthropic_message")["id"]
+
+
+def test_a_thinking_signature_comes_back_byte_identical_and_cache_reads_and_writes_are_priced(
+    app, gateway, claude, funded, scripted
+):
+    scripted.script("/claude", Reply("anthropic_message_tool_use"), Reply("anthropic_message"))
+    asked = [{"role": "user", "content": "Weather in Paris?"}]
+    thinking = {"type": "enabled", "budget_tokens": 2048}
+
+    first = claude.messages.create(
+        model="claude-sonnet", max_tokens=4000, messages=asked, tools=[WEATHER], thinking=thinking
+    )
+    # As Claude Code continues a conversation: the answer's blocks, as they came.
+    blocks = [block.model_dump(exclude_none=True) for block in first.content]
+    turn = {"role": "assistant", "content": blocks}
+    result = {"type": "tool_result", "tool_use_id": first.content[2].id, "content": "18 C"}
+    second = claude.messages.create(
+        model="claude-sonnet",
+        max_tokens=4000,
+        messages=[*asked, turn, {"role": "user", "content": [result]}],
+        tools=[WEATHER],
+        thinking=thinking,
+    )
+
+    upstream_answer = transcript_body("anthropic_message_tool_use")
+    sent_back = scripted.exchanges[1].json["messages"][1]["content"]
+    assert sent_back == upstream_answer["content"]
+    signature = upstream_answer["content"][0]["signature"]
+    assert b'"signature":"%s"' % signature.encode() in scripted.exchanges[1].body
+    written, read = generations_of(app, funded, 2)
+    assert (written.cache_write_tokens, written.cached_tokens) == (1024, 0)
+    assert (read.cache_write_tokens, read.cached_tokens) == (0, 2048)
+    price = gateway.catalog.resolve("claude-sonnet").pricing
+    assert written.cost == (412 * 3 + 1024 * Decimal("3.75") + 96 * 15) / Decimal(1_000_000)
+    assert read.cost == (21 * 3 + 2048 * Decimal("0.30") + 10 * 15) / Decimal(1_000_000)
+    assert cost_of_usage(first.usage) == written.cost == cost_of(
+        Usage(prompt_tokens=1436, completion_tokens=96, cache_write_tokens=1024), price
+    )
+    assert cost_of_usage(second.usage) == read.cost
+    assert second.usage.cache_read_input_tokens == 2048
+
+
+def test_a_streamed_answer_passed_through_names_the_gateways_message_and_its_cost(
+    app, gateway, claude, funded, scripted
+):
+    scripted.script("/claude", Reply("anthropic_stream_thinking", write_size=11))
+
+    with claude.messages.stream(
+        model="claude-sonnet",
+        max_tokens=4000,
+        messages=[{"role": "user", "content": "Which is greater, 9.11 or 9.8?"}],
+        thinking={"type": "enabled", "budget_tokens": 2048},
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+
+    assert final.id.startswith("msg_") and final.model == "claude-sonnet"
+    assert final.id != "msg_01A0000000000000000000004"
+    assert [event.type for event in events][-2:] == ["message_delta", "message_stop"]
+    (generation,) = generations_of(app, funded, 1)
+    assert generation.id == final.id and generation.api == "messages"
+    assert cost_of_usage(events[-2].usage) == generation.cost > 0
+
+
+def test_a_stream_the_upstream_breaks_ends_with_its_error_and_bills_what_was_delivered(
+    app, gateway, claude, funded, scripted
+):
+    scripted.script("/claude", Reply("anthropic_stream_error"))
+
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        with claude.messages.stream(
+            model="claude-sonnet",
+            max_tokens=400,
+            messages=[{"role": "user", "content": "Tell me a story."}],
+        ) as stream:
+            for _ in stream:
+                pass
+
+    assert caught.value.body["error"]["type"] == "overloaded_error"
+    (generation,) = generations_of(app, funded, 1)
+    # Two pieces of text went out: they are billed, estimated.
+    assert generation.completion_tokens > 0 and generation.cost > 0
+
+
+def test_an_anthropic_routes_refusal_comes_back_in_anthropics_envelope_charged_nothing(
+    app, gateway, claude, funded, scripted
+):
+    scripted.script("/claude", Reply("anthropic_error_400"))
+
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model="claude-sonnet", max_tokens=100, messages=[{"role": "user", "content": "Hi"}]
+        )
+
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert "claude-sonnet-4-5-20250929" not in caught.value.body["error"]["message"]
+    account, generations, charges, holds = billing_records(app, funded.account_id)
+    assert charges == [] and account.balance == Decimal("5") and account.reserved == 0
+
+
+def test_a_max_tokens_past_the_models_limit_is_capped_with_its_thinking_budget(
+    gateway, claude, scripted
+):
+    scripted.script("/claude", Reply("anthropic_message"))
+
+    claude.messages.create(
+        model="claude-sonnet",
+        max_tokens=32000,
+        messages=[{"role": "user", "content": "Capital of France?"}],
+        thinking={"type": "enabled", "budget_tokens": 16000},
+    )
+
+    sent = scripted.exchanges[0].json
+    assert sent["max_tokens"] == 8192
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 8191}
+
+
+def test_a_repeated_idempotency_key_on_an_anthropic_route_is_answered_and_charged_once(
+    app, gateway, claude, funded, scripted
+):
+    scripted.script("/claude", Reply("anthropic_message"))
+    key = {"Idempotency-Key": "messages-native-once"}
+    asked = [{"role": "user", "content": "Capital of France?"}]
+
+    first = claude.messages.create(
+        model="claude-sonnet", max_tokens=100, messages=asked, extra_headers=key
+    )
+    again = claude.messages.with_raw_response.create(
+        model="claude-sonnet", max_tokens=100, messages=asked, extra_headers=key
+    )
+
+    assert len(scripted.exchanges) == 1
+    assert again.headers["Idempotent-Replayed"] == "true" and again.parse().id == first.id
+    generations_of(app, funded, 1)

@@ -1,0 +1,191 @@
+"""A Messages request passed through to an upstream that serves Anthropic's Messages API.
+
+The caller's body goes on as sent (thinking blocks and their signatures, ``cache_control``,
+server tools, fields the gateway does not know) with the caller's ``anthropic-version``
+and ``anthropic-beta``; two things change on the way: the model becomes the route's name
+for it, and ``max_tokens`` is capped at what the hold covers (the model's output limit),
+a thinking budget with it. The answer is the upstream's, with the gateway's message id,
+the model's public id and the charged cost in ``usage.cost``. A stream's events go out
+as each upstream read completes them, except the last two (``message_delta``, whose usage
+gets the cost, and ``message_stop``), which wait for the settlement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from decimal import Decimal
+from typing import Any
+
+from app.encoding import loads
+from app.generations.lifecycle import Generation, StreamEnd
+from app.generations.metering import DeliveryMeter
+from app.generations.models import MESSAGES
+from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING
+from app.providers.anthropic import FINISH_REASONS, usage_from
+from app.providers.base import NativeCall, Usage
+from app.providers.errors import UpstreamError
+from app.providers.event_stream import EventBuilder
+from app.sse import Framing, typed_event
+
+# The caller's headers that go on with a passed-through request.
+PASSED_ON_HEADERS = ("anthropic-version", "anthropic-beta")
+# The deltas whose text is generated output: what a cut-off stream delivered.
+DELTA_TEXTS = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+# Anthropic's smallest thinking budget; a capped budget never goes below it.
+MIN_THINKING_BUDGET = 1024
+
+
+def native_call(
+    body: dict[str, Any], generation: Generation, headers: Mapping[str, str], *, stream: bool
+) -> NativeCall:
+    """Return the request to pass through: the caller's, capped at what the hold covers."""
+    forwarded = dict(body)
+    cap = generation.request.max_output_tokens or generation.model.max_output_tokens
+    if type(body.get("max_tokens")) is int and body["max_tokens"] > cap:
+        forwarded["max_tokens"] = cap
+        forwarded["thinking"] = capped_thinking(body.get("thinking"), cap)
+    passed_on = {name: headers[name] for name in PASSED_ON_HEADERS if name in headers}
+    return NativeCall(api=MESSAGES, body=forwarded, headers=passed_on, stream=stream)
+
+
+def capped_thinking(thinking: Any, max_tokens: int) -> Any:
+    """Return ``thinking`` with a budget below ``max_tokens``, as Anthropic requires."""
+    budget = thinking.get("budget_tokens") if type(thinking) is dict else None
+    if type(budget) is not int or budget < max_tokens:
+        return thinking
+    return {**thinking, "budget_tokens": max(max_tokens - 1, MIN_THINKING_BUDGET)}
+
+
+def whole_usage(response: dict[str, Any]) -> Usage:
+    """Return the usage a whole Message reports (cache reads and writes in the prompt)."""
+    usage = response.get("usage")
+    if type(usage) is not dict:
+        raise UpstreamError("The model's upstream answered without its usage.")
+    return usage_from(usage)
+
+
+def answered(
+    response: dict[str, Any], generation: Generation, cost: Decimal | None = None
+) -> dict[str, Any]:
+    """Return the upstream's Message as the gateway answers it: its id, model and cost."""
+    message = {**response, "id": generation.id, "model": generation.request.model}
+    if cost is not None and type(response.get("usage")) is dict:
+        message["usage"] = {**response["usage"], "cost": {"total_cost": cost}}
+    return message
+
+
+def event_payload(data: str) -> dict[str, Any]:
+    """Decode one event's data; raise UpstreamError when it is not a JSON object."""
+    try:
+        payload = loads(data)
+    except ValueError:
+        payload = None
+    if type(payload) is not dict:
+        raise UpstreamError("The model's upstream sent an event that is not a JSON object.")
+    return payload
+
+
+class RelayedStream(DeliveryMeter):
+    """Reads a passed-through stream's events as they come: its meter, and its writer.
+
+    ``observe`` takes each upstream read (the core's RelayMeter); ``events`` frames the
+    events they completed. ``message_start`` is answered as the gateway's message; from
+    ``message_delta`` on, events wait for ``ending``, which gives the usage its cost.
+    """
+
+    def __init__(self, generation: Generation) -> None:
+        super().__init__(
+            generation.model.routes[0],
+            generation.request,
+            generation.prompt_tokens,
+            prompt_exact=generation.prompt_tokens_exact,
+        )
+        self.generation = generation
+        self.builder = EventBuilder()
+        # The events the last reads completed, framed; those kept back for the end.
+        self.completed: list[bytes] = []
+        self.kept_back: list[dict[str, Any]] = []
+        # message_start's usage, updated by message_delta's (its output is a running total).
+        self.counts: dict[str, Any] = {}
+        # Whether the upstream said itself that the stream broke (an error event).
+        self.broken = False
+
+    def observe(self, data: bytes) -> bool:
+        """Read one upstream read; return whether it delivered generated output."""
+        delivered = False
+        for event in self.builder.take_read(data):
+            payload = event_payload(event.data)
+            delivered = self.read_event(event.event, event.data, payload) or delivered
+        return delivered
+
+    def read_event(self, name: str, data: str, payload: dict[str, Any]) -> bool:
+        """Keep one event for its frame, or for the end; return whether it carried output."""
+        kind = payload.get("type")
+        if kind == "message_start" and type(payload.get("message")) is dict:
+            self.take_usage(payload["message"].get("usage"))
+            message = answered(payload["message"], self.generation)
+            self.completed.append(typed_event({**payload, "message": message}))
+        elif kind == "message_delta" or self.kept_back:
+            self.take_usage(payload.get("usage"))
+            reason = (payload.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.finish_reason = FINISH_REASONS.get(reason, "stop")
+            self.kept_back.append(payload)
+        else:
+            self.broken = self.broken or kind == "error"
+            # Every other event goes on as the upstream wrote it.
+            self.completed.append(b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode()))
+            return self.delivered_text(payload)
+        return False
+
+    def delivered_text(self, payload: dict[str, Any]) -> bool:
+        """Hand a content delta's generated text to the meter; return whether it had some."""
+        delta = payload.get("delta") if payload.get("type") == "content_block_delta" else None
+        key = DELTA_TEXTS.get(delta.get("type")) if type(delta) is dict else None
+        text = delta.get(key) if key else None
+        if type(text) is not str or not text:
+            return False
+        self.deliver(text)
+        return True
+
+    def take_usage(self, usage: Any) -> None:
+        """Keep the counts of a usage object; the upstream's usage is complete at the end."""
+        if type(usage) is dict:
+            self.counts.update((key, value) for key, value in usage.items() if type(value) is int)
+            self.usage = usage_from(self.counts)
+
+    def events(self, items: Iterator[Any]) -> Iterator[bytes | None]:
+        """Frame the relayed ``items`` (reads, flush points, the StreamEnd) as the caller's."""
+        for item in items:
+            if item is None:
+                yield None
+            elif isinstance(item, StreamEnd):
+                yield self.ending(item)
+            else:
+                framed = b"".join(self.completed)
+                self.completed.clear()
+                yield framed
+
+    def ending(self, end: StreamEnd) -> bytes:
+        """Frame the kept-back events with the stream's cost; nothing after an error event."""
+        if self.broken and not self.kept_back:
+            return b""  # the caller has the upstream's error event
+        if not self.kept_back:
+            raise UpstreamError("The model's upstream ended the stream before its last event.")
+        framed = []
+        for payload in self.kept_back:
+            if payload.get("type") == "message_delta":
+                usage = payload.get("usage") if type(payload.get("usage")) is dict else {}
+                payload = {**payload, "usage": {**usage, "cost": {"total_cost": end.cost}}}
+            framed.append(typed_event(payload))
+        if self.kept_back[-1].get("type") != MESSAGE_STOP["type"]:
+            framed.append(typed_event(MESSAGE_STOP))
+        return b"".join(framed)
+
+    def framing(self) -> Framing:
+        """Return how this stream is written: its reads framed already, its break as ever."""
+        return Framing(frame=bytes, error=MESSAGES_FRAMING.error)
