@@ -21,13 +21,13 @@ from flask.cli import AppGroup
 from app.accounts import keys
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.invites import create_invite
+from app.accounts.organisations import create_account, owner_membership
 from app.accounts.passwords import set_password
 from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
     AccountExists,
     AccountNotFound,
-    create_account,
     find_account,
     find_account_or_raise,
 )
@@ -323,7 +323,7 @@ def demo_setup_command() -> None:
     account = create_account(email=DEMO_EMAIL)
     ledger.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
     password = secrets.token_urlsafe(12)
-    set_password(account.id, password)
+    set_password(owner_membership(account.id).person_id, password)
     issued = keys.create_key(account_id=account.id, name="demo")
     click.echo(f"dashboard: sign in at /signin as {DEMO_EMAIL} with the password {password}")
     click.echo(f"demo account {DEMO_EMAIL} with ${DEMO_CREDITS} of credits; its API key:")

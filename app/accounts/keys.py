@@ -14,6 +14,8 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.accounts.models import Membership
+from app.accounts.organisations import owner_membership
 from app.auth.keys import DISPLAY_LENGTH, digest_key, forget_remembered_callers, generate_key
 from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
 from app.catalog.registry import current_catalog
@@ -47,18 +49,23 @@ def create_key(
     *,
     account_id: int,
     name: str,
+    member_id: int | None = None,
     permitted_models: list[str] | None = None,
     monthly_limit: Decimal | None = None,
 ) -> IssuedKey:
     """Issue a new active key for the account ``account_id``, optionally limited.
 
+    The key belongs to the member ``member_id``, by default to the organisation's owner.
     :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    :raise KeyNotFound: ``member_id`` is no member of the organisation.
     """
+    member_id = _member_of_key(account_id, member_id)
     models = checked_permitted_models(permitted_models)
     limit = checked_monthly_limit(monthly_limit)
     value = generate_key()
     key = ApiKey(
         account_id=account_id,
+        member_id=member_id,
         name=name,
         digest=digest_key(value),
         display_prefix=value[:DISPLAY_LENGTH],
@@ -72,6 +79,19 @@ def create_key(
     db.session.add(key)
     db.session.commit()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
+
+
+def _member_of_key(account_id: int, member_id: int | None) -> int:
+    """Return the member a new key belongs to: ``member_id``, checked, or the owner."""
+    if member_id is None:
+        owner = owner_membership(account_id)
+        if owner is None:
+            raise KeyNotFound(f"the organisation {account_id} has no owner to hold the key")
+        return owner.id
+    member = db.session.get(Membership, member_id)
+    if member is None or member.account_id != account_id or member.removed_at is not None:
+        raise KeyNotFound(f"no member {member_id} in the organisation {account_id}")
+    return member_id
 
 
 def update_key_limits(

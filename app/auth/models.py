@@ -33,6 +33,9 @@ class ApiKey(db.Model):
     account_id: Mapped[int] = mapped_column(
         ForeignKey("accounts.id", ondelete="CASCADE"), index=True
     )
+    # The member the key belongs to (app.accounts.models.Membership); removing the
+    # member revokes their keys, and the key's history stays theirs.
+    member_id: Mapped[int] = mapped_column(ForeignKey("memberships.id"), index=True)
     name: Mapped[str] = mapped_column(String(100))
     # sha256 of the whole key: the key has 256 random bits, so no salt or slow hash is
     # needed, and lookup stays one indexed equality.

@@ -29,7 +29,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from app.accounts import keys
 from app.accounts.errors import InvalidKeyLimits
-from app.accounts.invites import InviteInvalid, accept_invite, find_invited_account
+from app.accounts.invites import InviteInvalid, accept_invite, find_open_invite
 from app.accounts.passwords import WeakPassword, authenticate, register_account
 from app.auth.models import ApiKey
 from app.catalog.registry import current_catalog
@@ -138,13 +138,13 @@ def sign_up() -> BaseResponse | str | tuple[str, int]:
     form = SignUpForm()
     if form.validate_on_submit():
         try:
-            account = register_account(email=form.email.data, password=form.password.data)
+            person = register_account(email=form.email.data, password=form.password.data)
         except AccountExists as error:
             form.email.errors.append(str(error))
         except WeakPassword as error:
             form.password.errors.append(str(error))
         else:
-            start_session(account)
+            start_session(person)
             return redirect(url_for(".list_keys"))
     return render_template("dashboard/sign_up.html", form=form), 400 if form.errors else 200
 
@@ -159,9 +159,9 @@ def sign_in() -> BaseResponse | str | tuple[str, int]:
     """Sign in with email and password; one message for whatever was wrong."""
     form = SignInForm()
     if form.validate_on_submit():
-        account = authenticate(form.email.data, form.password.data)
-        if account is not None:
-            start_session(account)
+        person = authenticate(form.email.data, form.password.data)
+        if person is not None:
+            start_session(person)
             return redirect(_safe_next(request.args.get("next")))
         flash("Incorrect email or password.", "error")
         return render_template("dashboard/sign_in.html", form=form), 401
@@ -187,21 +187,21 @@ def sign_out() -> BaseResponse:
 def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
     """Let an invited holder set a password, once, within 24 hours."""
     try:
-        account = find_invited_account(token)
+        invite = find_open_invite(token)
     except InviteInvalid as error:
         return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
     form = SetPasswordForm()
     if form.validate_on_submit():
         try:
-            account = accept_invite(token, form.password.data)
+            person = accept_invite(token, form.password.data)
         except InviteInvalid as error:
             return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
         except WeakPassword as error:
             form.password.errors.append(str(error))
         else:
-            start_session(account)
+            start_session(person)
             return redirect(url_for(".list_keys"))
-    page = render_template("dashboard/invite.html", form=form, email=account.email)
+    page = render_template("dashboard/invite.html", form=form, invite=invite)
     return page, 400 if form.errors else 200
 
 
@@ -234,6 +234,7 @@ def create_key() -> tuple[str, int]:
     try:
         issued = keys.create_key(
             account_id=current_user.account_id,
+            member_id=current_user.member_id,
             name=form.name.data.strip(),
             permitted_models=form.permitted_models.models,
             monthly_limit=form.monthly_limit.amount,

@@ -25,13 +25,13 @@ from sqlalchemy import bindparam, case, func, select, true, type_coerce
 
 from app import sweeper
 from app.accounts import keys as key_admin
+from app.accounts.organisations import create_account
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
 from app.catalog.pricing import Pricing, cost_of, worst_case_cost
 from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
 from app.credits import ledger, statements
-from app.credits.accounts import create_account
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import Money, UTCDateTime
