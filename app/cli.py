@@ -18,11 +18,12 @@ import click
 from flask import Flask
 from flask.cli import AppGroup
 
-from app.accounts import keys
+from app.accounts import budgets, keys
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.invites import create_invite
 from app.accounts.organisations import create_account, owner_membership
 from app.accounts.passwords import set_password
+from app.budgets import MONTH, WINDOWS
 from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
@@ -66,6 +67,7 @@ catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
 ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
 usage_cli = OperatorGroup("usage", help="Keep the hourly usage rollups.")
 demo_cli = OperatorGroup("demo", help="Set up the demo account of a fresh checkout.")
+orgs_cli = OperatorGroup("orgs", help="Manage organisations: their members and budgets.")
 
 DEMO_EMAIL = "demo@example.com"
 DEMO_CREDITS = Decimal("10")
@@ -236,7 +238,9 @@ def list_keys_command(email: str) -> None:
     for key in rows:
         last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
         models = ",".join(key.permitted_models) if key.permitted_models is not None else "all"
-        limit = f"${key.monthly_limit:f}" if key.monthly_limit is not None else "none"
+        limit = "none" if key.budget is None else f"${key.budget:f}"
+        if key.budget is not None and key.budget_window != MONTH:
+            limit += f" a {key.budget_window}"
         click.echo(
             f"{key.id}\t{key.name}\t{key.display_prefix}...\t{key.state}\t"
             f"{key.created_at.isoformat()}\t{last_used}\t{models}\t{limit}"
@@ -330,6 +334,37 @@ def demo_setup_command() -> None:
     click.echo(issued.value)
 
 
+@orgs_cli.command("budget")
+@click.option("--org", "organisation", required=True, help="The organisation: id, name or email.")
+@click.option("--member", "email", help="The member's email: set the member's budget.")
+@click.option("--key", "key_id", type=int, help="A key's id: set the key's budget.")
+@click.option("--amount", type=UsdLimit(), help="USD a window; leave out to clear the budget.")
+@click.option(
+    "--window",
+    type=click.Choice(WINDOWS),
+    default=MONTH,
+    show_default=True,
+    help="day, week (from Monday) and month are UTC calendar windows; 5h starts with a request.",
+)
+def budget_command(
+    organisation: str, email: str | None, key_id: int | None, amount: Decimal | None, window: str
+) -> None:
+    """Set (or, without --amount, clear) the budget of a member or of a key."""
+    if (email is None) == (key_id is None):
+        raise click.UsageError("name either --member or --key")
+    with operator_errors():
+        account = budgets.find_organisation_or_raise(organisation)
+        if email is not None:
+            member = budgets.find_member_or_raise(account, email)
+            budgets.set_member_budget(member.id, amount=amount, window=window)
+            subject = f"member {email}"
+        else:
+            budgets.set_key_budget(key_id, amount=amount, window=window, account_id=account.id)
+            subject = f"key {key_id}"
+    state = "no budget" if amount is None else f"${amount:f} a {window}"
+    click.echo(f"{subject} of {organisation}: {state}")
+
+
 GROUPS: tuple[AppGroup, ...] = (
     accounts_cli,
     credits_cli,
@@ -338,6 +373,7 @@ GROUPS: tuple[AppGroup, ...] = (
     ledger_cli,
     usage_cli,
     demo_cli,
+    orgs_cli,
 )
 
 

@@ -8,8 +8,9 @@ from flask_wtf import FlaskForm
 from wtforms import EmailField, HiddenField, PasswordField, SelectMultipleField, StringField
 from wtforms.validators import DataRequired, Length, Optional, Regexp, ValidationError
 
+from app.accounts.budgets import checked_budget_amount
 from app.accounts.errors import InvalidKeyLimits
-from app.accounts.keys import checked_monthly_limit, checked_permitted_models
+from app.accounts.keys import checked_permitted_models
 from app.accounts.passwords import MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH
 
 MAX_USD = Decimal("1000000")
@@ -97,7 +98,7 @@ class KeyLimitsForm(FlaskForm):
         """Refuse a negative or non-numeric limit."""
         amount = parse_usd(field.data, allow_zero=True)
         try:
-            field.amount = checked_monthly_limit(amount)
+            field.amount = checked_budget_amount(amount, "the monthly limit")
         except InvalidKeyLimits as error:
             raise ValidationError(str(error).capitalize() + ".") from None
 

@@ -304,7 +304,7 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
 
 
 def _limits_data(key: ApiKey) -> dict[str, object]:
-    limit = key.monthly_limit
+    limit = key.budget
     return {
         "permitted_models": key.permitted_models or [],
         "monthly_limit": "" if limit is None else f"{limit.normalize():f}",

@@ -1,0 +1,167 @@
+"""Setting and clearing the budgets of keys and members: an amount in USD a window.
+
+The ledger holds every request to them (``app.credits.ledger``); this module only
+changes them. A budget whose window changes starts counting the new window from what
+its keys' requests placed in it so far were charged; a ``5h`` window starts with the
+next request. Requests running at that moment count in the window they were held in.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from sqlalchemy import func, or_, select, true, update
+
+from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.accounts.models import Membership, Person
+from app.auth.keys import forget_remembered_callers
+from app.auth.models import DELETED, ApiKey
+from app.budgets import ROLLING_SECONDS, WINDOWS, BudgetCounters, calendar_start, unix_seconds
+from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
+from app.database import utcnow
+from app.extensions import db
+
+LIMIT_DECIMAL_PLACES = 6
+LIMIT_QUANTUM = Decimal(1).scaleb(-LIMIT_DECIMAL_PLACES)
+# Money is stored as a 64-bit count of 1e-10 USD; a budget stays well within it.
+MAX_BUDGET = Decimal(100_000_000)
+
+
+def checked_window(window: str) -> str:
+    """Return ``window`` if it names a budget window; raise InvalidKeyLimits otherwise."""
+    if window not in WINDOWS:
+        raise InvalidKeyLimits(f"the budget window must be one of {', '.join(WINDOWS)}: {window!r}")
+    return window
+
+
+def set_key_budget(
+    key_id: int, *, amount: Decimal | None, window: str, account_id: int | None = None
+) -> ApiKey:
+    """Give key ``key_id`` a budget of ``amount`` USD a ``window`` (None: no budget).
+
+    :raise InvalidKeyLimits: the amount or the window is not valid.
+    :raise KeyNotFound: no key has ``key_id`` (of the organisation ``account_id``, if given).
+    """
+    amount, window = checked_budget_amount(amount), checked_window(window)
+    key = db.session.scalar(
+        select(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.state != DELETED)
+        .where(ApiKey.account_id == account_id if account_id is not None else true())
+        .with_for_update()
+    )
+    if key is None:
+        db.session.rollback()
+        raise KeyNotFound(f"no API key with id {key_id}")
+    apply_budget(key, amount, window, [key.id])
+    db.session.commit()
+    forget_remembered_callers()
+    return key
+
+
+def set_member_budget(member_id: int, *, amount: Decimal | None, window: str) -> Membership:
+    """Give member ``member_id`` a budget of ``amount`` USD a ``window`` (None: no budget).
+
+    The member's keys all count against it.
+
+    :raise InvalidKeyLimits: the amount or the window is not valid.
+    :raise KeyNotFound: no member has ``member_id``.
+    """
+    amount, window = checked_budget_amount(amount), checked_window(window)
+    member = db.session.scalar(
+        select(Membership).where(Membership.id == member_id).with_for_update()
+    )
+    if member is None:
+        db.session.rollback()
+        raise KeyNotFound(f"no member with id {member_id}")
+    key_ids = db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)).all()
+    apply_budget(member, amount, window, list(key_ids))
+    db.session.commit()
+    return member
+
+
+def apply_budget(
+    row: BudgetCounters, amount: Decimal | None, window: str, key_ids: list[int]
+) -> None:
+    """Set ``row``'s budget (its row locked); a new window counts what ``key_ids`` spent in it.
+
+    The settled holds of ``key_ids`` placed in the new calendar window are noted as
+    counted in it (``key_window_start`` or ``member_window_start``, as ``row`` is a key
+    or a member), so that the audit finds the counters equal to their charges. Holds
+    still open settle in the window they were placed in.
+    """
+    row.budget = amount
+    if window == row.budget_window:
+        return
+    row.budget_window = window
+    if window in ROLLING_SECONDS:
+        row.window_start, row.window_spent = None, Decimal(0)
+        return
+    start = calendar_start(window, utcnow())
+    noted = Hold.key_window_start if isinstance(row, ApiKey) else Hold.member_window_start
+    in_window = (Hold.api_key_id.in_(key_ids), Hold.status != OPEN, Hold.created_at >= start)
+    spent = db.session.scalar(
+        select(func.sum(-LedgerEntry.amount))
+        .join(Hold, Hold.id == LedgerEntry.generation_id)
+        .where(LedgerEntry.kind == CHARGE, *in_window)
+    )
+    db.session.execute(update(Hold).where(*in_window).values({noted: unix_seconds(start)}))
+    row.window_start, row.window_spent = unix_seconds(start), spent or Decimal(0)
+
+
+def find_organisation_or_raise(organisation: str) -> Account:
+    """Return the organisation named by ``organisation``: its id, name or holder's email.
+
+    :raise KeyNotFound: there is none.
+    """
+    account_id = int(organisation) if organisation.isdigit() else None
+    account = db.session.scalar(
+        select(Account).where(
+            or_(
+                Account.id == account_id,
+                Account.name == organisation,
+                Account.email == organisation.strip().lower(),
+            )
+        )
+    )
+    if account is None:
+        raise KeyNotFound(f"no organisation {organisation!r}")
+    return account
+
+
+def find_member_or_raise(account: Account, email: str) -> Membership:
+    """Return the current member of ``account`` with ``email``; raise KeyNotFound."""
+    member = db.session.scalar(
+        select(Membership)
+        .join(Person, Person.id == Membership.person_id)
+        .where(
+            Membership.account_id == account.id,
+            Membership.removed_at.is_(None),
+            Person.email == email.strip().lower(),
+        )
+    )
+    if member is None:
+        raise KeyNotFound(f"no member {email!r} in the organisation {account.name!r}")
+    return member
+
+
+def checked_budget_amount(amount: Decimal | None, what: str = "the budget") -> Decimal | None:
+    """Return ``amount`` if it is a valid USD amount; raise InvalidKeyLimits otherwise.
+
+    ``what`` names the amount in the message: the budget, a key's monthly limit.
+    """
+    if amount is None:
+        return None
+    if isinstance(amount, bool) or not isinstance(amount, Decimal | int):
+        raise InvalidKeyLimits(f"{what} must be an amount in USD")
+    limit = Decimal(amount)
+    if not limit.is_finite():
+        raise InvalidKeyLimits(f"{what} must be an amount in USD")
+    if limit < 0:
+        raise InvalidKeyLimits(f"{what} must not be negative: {limit}")
+    if limit > MAX_BUDGET:
+        raise InvalidKeyLimits(f"{what} must be at most {MAX_BUDGET} USD")
+    if limit != limit.quantize(LIMIT_QUANTUM):
+        raise InvalidKeyLimits(
+            f"{what} has more than {LIMIT_DECIMAL_PLACES} decimal places: {limit}"
+        )
+    return limit

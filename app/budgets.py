@@ -1,0 +1,138 @@
+"""Budgets: an amount in USD that a key or a member may spend in a window of time.
+
+A window is ``day``, ``week`` (Monday to Sunday) or ``month``, calendar windows in UTC,
+or ``5h``: five hours from the first request after the previous such window ended, as
+subscription plans count usage. The row that has a budget (a key, a membership) keeps
+the start of its current window beside its counters (``BudgetCounters``); the hold that
+finds the stored start older than the window its own time falls in starts the counters
+of the new window at zero, in the same statement, so that windows roll over without a
+sweep and exactly at their boundary. Window starts are kept as Unix seconds (UTC), so
+that both databases compare and add them as integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from sqlalchemy import BigInteger, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.database import Money
+
+DAY, WEEK, MONTH, FIVE_HOURS = "day", "week", "month", "5h"
+WINDOWS = (DAY, WEEK, MONTH, FIVE_HOURS)
+# A rolling window's length, in seconds.
+ROLLING_SECONDS = {FIVE_HOURS: 5 * 3600}
+
+
+class BudgetCounters:
+    """The columns of a row that may have a budget, and counts its spend in windows.
+
+    ``budget`` is the amount in USD (None: no budget; the spend is counted all the
+    same, in ``budget_window``); ``window_spent`` is what was charged in the window that
+    started at ``window_start`` (Unix seconds, UTC) and ``window_reserved`` what the
+    row's open holds set aside, whichever window they were placed in.
+    """
+
+    budget = mapped_column(Money, nullable=True)
+    budget_window: Mapped[str] = mapped_column(
+        String(8), nullable=False, default=MONTH, server_default=MONTH
+    )
+    window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    window_spent = mapped_column(Money, nullable=False, default=0, server_default="0")
+    window_reserved = mapped_column(Money, nullable=False, default=0, server_default="0")
+
+
+def unix_seconds(moment: datetime) -> int:
+    """Return ``moment`` (UTC) as whole Unix seconds."""
+    return int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp())
+
+
+def from_unix_seconds(seconds: int) -> datetime:
+    """Return the UTC instant of ``seconds`` since the epoch."""
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def calendar_start(window: str, moment: datetime) -> datetime:
+    """Return the first instant of the calendar ``window`` (UTC) that ``moment`` falls in."""
+    day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if window == DAY:
+        return day
+    if window == WEEK:
+        return day - timedelta(days=day.weekday())
+    return day.replace(day=1)
+
+
+def calendar_end(window: str, start: datetime) -> datetime:
+    """Return the first instant after the calendar ``window`` that starts at ``start``."""
+    if window == DAY:
+        return start + timedelta(days=1)
+    if window == WEEK:
+        return start + timedelta(days=7)
+    return (start + timedelta(days=32)).replace(day=1)
+
+
+def window_parameters(moment: datetime) -> dict[str, int]:
+    """Return what a hold's statement needs to know the window ``moment`` falls in.
+
+    The calendar windows' starts, and the moment itself, from which a rolling window
+    that has ended starts again (every row picks its own by its ``budget_window``).
+    """
+    return {
+        "day_start": unix_seconds(calendar_start(DAY, moment)),
+        "week_start": unix_seconds(calendar_start(WEEK, moment)),
+        "month_start": unix_seconds(calendar_start(MONTH, moment)),
+        "now_seconds": unix_seconds(moment),
+    }
+
+
+def current_window_start(window: str, stored_start: int | None, moment: datetime) -> int:
+    """Return the start of ``window``'s window at ``moment``, as the hold's statement does."""
+    now = unix_seconds(moment)
+    if window in ROLLING_SECONDS:
+        if stored_start is not None and stored_start > now - ROLLING_SECONDS[window]:
+            return stored_start
+        return now
+    return unix_seconds(calendar_start(window, moment))
+
+
+def window_end(window: str, start: int) -> datetime:
+    """Return when the window of ``window`` that started at ``start`` ends (resets)."""
+    if window in ROLLING_SECONDS:
+        return from_unix_seconds(start + ROLLING_SECONDS[window])
+    return calendar_end(window, from_unix_seconds(start))
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """A budget as it stands at a moment: its window, what was spent in it, what is left."""
+
+    amount: Decimal | None
+    window: str
+    window_start: datetime
+    resets_at: datetime
+    spent: Decimal
+    reserved: Decimal
+
+    @property
+    def remaining(self) -> Decimal | None:
+        """What may still be held or charged in this window; None: no budget."""
+        if self.amount is None:
+            return None
+        return max(self.amount - self.spent - self.reserved, Decimal(0))
+
+
+def budget_state(row: BudgetCounters, moment: datetime) -> BudgetState:
+    """Return ``row``'s budget as it stands at ``moment``: a window that ended counts zero."""
+    start = current_window_start(row.budget_window, row.window_start, moment)
+    spent = row.window_spent if start == row.window_start else Decimal(0)
+    return BudgetState(
+        amount=row.budget,
+        window=row.budget_window,
+        window_start=from_unix_seconds(start),
+        resets_at=window_end(row.budget_window, start),
+        spent=Decimal(spent),
+        reserved=Decimal(row.window_reserved),
+    )
