@@ -2,8 +2,8 @@
 
 The ledger holds every request to them (``app.credits.ledger``); this module only
 changes them. A budget whose window changes starts counting the new window from what
-its keys' requests placed in it so far were charged; a ``5h`` window starts with the
-next request. Requests running at that moment count in the window they were held in.
+its keys' requests placed in it so far were charged (and will be, for those still
+running); a ``5h`` window starts with the next request.
 """
 
 from __future__ import annotations
@@ -84,10 +84,11 @@ def apply_budget(
 ) -> None:
     """Set ``row``'s budget (its row locked); a new window counts what ``key_ids`` spent in it.
 
-    The settled holds of ``key_ids`` placed in the new calendar window are noted as
-    counted in it (``key_window_start`` or ``member_window_start``, as ``row`` is a key
-    or a member), so that the audit finds the counters equal to their charges. Holds
-    still open settle in the window they were placed in.
+    The holds of ``key_ids`` placed in the new calendar window are noted as counted in
+    it (``key_window_start`` or ``member_window_start``, as ``row`` is a key or a
+    member): the settled ones' charges are its spend so far, the open ones' will be when
+    they settle. A settlement waiting meanwhile takes the hold's row before the key's,
+    the opposite order: PostgreSQL ends such a deadlock, and the settlement tries again.
     """
     row.budget = amount
     if window == row.budget_window:
@@ -98,13 +99,13 @@ def apply_budget(
         return
     start = calendar_start(window, utcnow())
     noted = Hold.key_window_start if isinstance(row, ApiKey) else Hold.member_window_start
-    in_window = (Hold.api_key_id.in_(key_ids), Hold.status != OPEN, Hold.created_at >= start)
+    in_window = (Hold.api_key_id.in_(key_ids), Hold.created_at >= start)
+    db.session.execute(update(Hold).where(*in_window).values({noted: unix_seconds(start)}))
     spent = db.session.scalar(
         select(func.sum(-LedgerEntry.amount))
         .join(Hold, Hold.id == LedgerEntry.generation_id)
-        .where(LedgerEntry.kind == CHARGE, *in_window)
+        .where(LedgerEntry.kind == CHARGE, Hold.status != OPEN, *in_window)
     )
-    db.session.execute(update(Hold).where(*in_window).values({noted: unix_seconds(start)}))
     row.window_start, row.window_spent = unix_seconds(start), spent or Decimal(0)
 
 

@@ -82,9 +82,6 @@ class HeldCredit:
     account_id: int
     amount: Decimal
     key_id: int | None = None
-    # The starts of the key's and its member's budget windows the hold counts in.
-    key_window: int | None = None
-    member_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -246,14 +243,7 @@ def place_hold(
         return _key_shortfall(key_id, key_digest, amount)
     if outcome == _MEMBER_REFUSED:
         return _member_shortfall(key_id, amount)
-    return HeldCredit(
-        id=hold["id"],
-        account_id=account_id,
-        amount=amount,
-        key_id=key_id,
-        key_window=hold["key_window_start"],
-        member_window=hold["member_window_start"],
-    )
+    return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
 
 
 class _HoldRefused(Exception):
@@ -267,7 +257,7 @@ class _HoldRefused(Exception):
 def _try_hold(hold: dict[str, Any], windows: dict[str, int], key_digest: str | None) -> str:
     """Reserve on the account, the key, the member, then record the hold: all of it or none.
 
-    ``hold`` gets the starts of the windows its key and member counted it in.
+    The hold's row notes the starts of the windows its key and member counted it in.
     """
     try:
         return write_transaction(
@@ -328,7 +318,6 @@ def _hold_alone(hold: dict[str, Any], windows: dict[str, int], key_digest: str |
             return _KEY_REFUSED
         if matched[2] != 1:
             return _MEMBER_REFUSED
-        hold.update(key_window_start=matched[3], member_window_start=matched[4])
     return _HELD
 
 
@@ -528,8 +517,6 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         charge=cost,
         released=hold.amount,
         key_id=hold.key_id,
-        key_window=hold.key_window,
-        member_window=hold.member_window,
         used_at=now,
         kind=CHARGE,
         entry_amount=-cost,
@@ -562,17 +549,9 @@ def _settle_steps(
         {"account_id": hold.account_id, "charge": charge, "released": reserved},
     )
     if hold.key_id is not None:
-        spent = {"key_id": hold.key_id, "charge": charge, "released": reserved}
-        execute_on_driver(
-            connection,
-            statements.SPEND_ON_KEY,
-            {**spent, "key_window": hold.key_window, "used_at": now},
-        )
-        execute_on_driver(
-            connection,
-            statements.SPEND_ON_MEMBER,
-            {**spent, "member_window": hold.member_window},
-        )
+        spent = {"hold_id": hold.id, "key_id": hold.key_id, "charge": charge, "released": reserved}
+        execute_on_driver(connection, statements.SPEND_ON_KEY, {**spent, "used_at": now})
+        execute_on_driver(connection, statements.SPEND_ON_MEMBER, spent)
     if charge > 0:
         entry = {
             "account_id": hold.account_id,
@@ -690,14 +669,7 @@ def expired_holds_with_progress(*, limit: int = 500) -> list[tuple[HeldCredit, d
 
 
 # A hold's columns, in HeldCredit's order.
-_HELD_CREDIT = (
-    Hold.id,
-    Hold.account_id,
-    Hold.amount,
-    Hold.api_key_id,
-    Hold.key_window_start,
-    Hold.member_window_start,
-)
+_HELD_CREDIT = (Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id)
 
 
 def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:

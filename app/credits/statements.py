@@ -114,7 +114,7 @@ def reserve_in_window(rows: TableClause) -> dict[Any, Any]:
     }
 
 
-def spend_in_window(rows: TableClause, held_in: BindParameter[Any]) -> dict[Any, Any]:
+def spend_in_window(rows: TableClause, held_in: ColumnElement[Any]) -> dict[Any, Any]:
     """Return a settlement's change to ``rows``' row: its reservation released, its charge spent.
 
     The charge counts in the window the hold was placed in (``held_in``): in a window
@@ -188,22 +188,33 @@ DEBIT = (
         reserved=accounts.c.reserved - bindparam("released", type_=Money()),
     )
 )
-# A settlement moves the key's and its member's reservations to their windows' spend,
-# and records the key's use: the key's row is written by every settlement anyway.
-SPEND_ON_KEY = (
-    update(keys)
-    .where(KEY_ROW)
-    .values(
-        {
-            **spend_in_window(keys, bindparam("key_window", type_=BigInteger())),
-            keys.c.last_used_at: bindparam("used_at", type_=UTCDateTime()),
-        }
+
+
+def spend_on_key(held_in: ColumnElement[Any]) -> Update:
+    """Return a settlement's UPDATE of the key: reservation to the spend of ``held_in``.
+
+    It records the key's use too: the key's row is written by every settlement anyway.
+    """
+    return (
+        update(keys)
+        .where(KEY_ROW)
+        .values({**spend_in_window(keys, held_in), keys.c.last_used_at: used_at})
     )
-)
-SPEND_ON_MEMBER = (
-    update(memberships)
-    .where(KEYS_MEMBER)
-    .values(spend_in_window(memberships, bindparam("member_window", type_=BigInteger())))
+
+
+def spend_on_member(held_in: ColumnElement[Any]) -> Update:
+    """Return a settlement's UPDATE of the key's member: reservation to the spend of ``held_in``."""
+    return update(memberships).where(KEYS_MEMBER).values(spend_in_window(memberships, held_in))
+
+
+# A settlement moves the key's and its member's reservations to the spend of the windows
+# the hold noted, as its row says when it is closed: a budget whose window changed since
+# notes its holds anew (app.accounts.budgets).
+used_at = bindparam("used_at", type_=UTCDateTime())
+HOLD_ROW = holds.c.id == bindparam("hold_id")
+SPEND_ON_KEY = spend_on_key(select(holds.c.key_window_start).where(HOLD_ROW).scalar_subquery())
+SPEND_ON_MEMBER = spend_on_member(
+    select(holds.c.member_window_start).where(HOLD_ROW).scalar_subquery()
 )
 RELEASE_ON_KEY = update(keys).where(KEY_ROW).values(window_reserved=keys.c.window_reserved - amount)
 RELEASE_ON_MEMBER = (
@@ -304,7 +315,7 @@ def hold_in_one_statement(
     then lose only holds: a settlement is on disk when it returns (execute_durably), and
     the WAL up to it with it, holds included; a settlement whose hold was lost charges
     what the balance allows, as for an expired one. The SELECT says which guards
-    matched, then the windows the key and member counted the hold in, kept in its row.
+    matched. The hold's row notes the windows its key and member counted it in.
     """
     covering = (
         select(accounts.c.id).where(with_holder_id(ACCOUNT_ROW), covers).with_for_update()
@@ -384,8 +395,7 @@ def hold_in_one_statement(
         .cte("inserted_hold")
     )
     counted = [_row_count(check) for check in checks]
-    placed_in = [window for window in windows if window is not None]
-    return select(*counted, *placed_in, COMMIT_WITHOUT_WAITING).add_cte(*steps)
+    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
 
 
 def _row_count(cte: CTE) -> ScalarSelect:
@@ -409,16 +419,20 @@ def settlement_in_one_statement(
     and is settled step by step. Nothing else can make a step miss its row, so the
     statement needs no transaction around it.
     """
-    closed = CLOSE_HOLD.returning(holds.c.id).cte("closed_hold")
+    closed = CLOSE_HOLD.returning(
+        holds.c.id, holds.c.key_window_start, holds.c.member_window_start
+    ).cte("closed_hold")
     gate = exists(select(closed.c.id))
     debited = with_holder_id(DEBIT).where(gate).returning(accounts.c.id).cte("debited")
     steps = [closed, debited]
     if with_key:
-        spent = SPEND_ON_KEY.where(exists(select(debited.c.id))).returning(keys.c.id)
-        spent = spent.cte("spent_on_key")
+        # The windows as the closed row says, after any lock it waited for.
+        on_key = spend_on_key(select(closed.c.key_window_start).scalar_subquery())
+        spent = on_key.where(exists(select(debited.c.id))).returning(keys.c.id).cte("spent_on_key")
         steps.append(spent)
+        on_member = spend_on_member(select(closed.c.member_window_start).scalar_subquery())
         steps.append(
-            SPEND_ON_MEMBER.where(exists(select(spent.c.id)))
+            on_member.where(exists(select(spent.c.id)))
             .returning(memberships.c.id)
             .cte("spent_on_member")
         )

@@ -182,9 +182,7 @@ def test_a_charge_beyond_its_hold_stops_at_the_members_budget(app_context, clock
     assert_audit_clean(account.id)
 
 
-def test_a_budget_whose_window_changes_counts_what_was_spent_in_the_new_window(
-    app_context, clock
-):
+def test_a_budget_whose_window_changes_counts_what_was_spent_in_the_new_window(app_context, clock):
     account = AccountFactory.create(credits=Decimal("10"))
     key_id = create_key(account_id=account.id, name="switch").id
     clock.now = datetime(2026, 3, 2, 10, tzinfo=UTC)  # a Monday
