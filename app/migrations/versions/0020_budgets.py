@@ -5,8 +5,8 @@ A key's ``monthly_limit``, ``month_spent`` and ``month_reserved`` become ``budge
 made before), and ``spend_month`` (``YYYYMM``) becomes ``window_start``, the window's
 first instant in Unix seconds: a key that last spent in an earlier month starts this
 month at zero, as its next hold would have. Memberships get the same columns. Holds
-note the windows their key and member counted them in; a hold open across the
-migration counts in the current month's.
+note the windows their key and member counted them in; every hold placed this
+month counts in the current month's window, as it was counted in the month's spend.
 
 Revision ID: 0020
 Revises: 0019
@@ -73,11 +73,16 @@ def upgrade():
         )
     op.add_column("holds", sa.Column("key_window_start", sa.BigInteger(), nullable=True))
     op.add_column("holds", sa.Column("member_window_start", sa.BigInteger(), nullable=True))
+    # Every hold placed this month was counted in the month's spend (or reservation).
     op.execute(
         sa.text(
             "UPDATE holds SET key_window_start = :start, member_window_start = :start "
-            "WHERE status = 'open' AND api_key_id IS NOT NULL"
-        ).bindparams(start=start)
+            "WHERE api_key_id IS NOT NULL AND created_at >= :since"
+        ).bindparams(
+            sa.bindparam("since", type_=sa.DateTime()),
+            start=start,
+            since=datetime.fromtimestamp(start, UTC).replace(tzinfo=None),
+        )
     )
 
 
