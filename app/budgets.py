@@ -6,8 +6,9 @@ subscription plans count usage. The row that has a budget (a key, a membership) 
 the start of its current window beside its counters (``BudgetCounters``); the hold that
 finds the stored start older than the window its own time falls in starts the counters
 of the new window at zero, in the same statement, so that windows roll over without a
-sweep and exactly at their boundary. Window starts are kept as Unix seconds (UTC), so
-that both databases compare and add them as integers.
+sweep and exactly at their boundary. Window starts are kept as Unix microseconds (UTC),
+the resolution of the holds' times, so that both databases compare and add them as
+integers and a rolling window starts after every hold of the one before.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from app.database import Money
 
 DAY, WEEK, MONTH, FIVE_HOURS = "day", "week", "month", "5h"
 WINDOWS = (DAY, WEEK, MONTH, FIVE_HOURS)
-# A rolling window's length, in seconds.
-ROLLING_SECONDS = {FIVE_HOURS: 5 * 3600}
+MICROS = 1_000_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A rolling window's length, in microseconds.
+ROLLING_MICROS = {FIVE_HOURS: 5 * 3600 * MICROS}
 
 
 class BudgetCounters:
@@ -32,7 +35,7 @@ class BudgetCounters:
 
     ``budget`` is the amount in USD (None: no budget; the spend is counted all the
     same, in ``budget_window``); ``window_spent`` is what was charged in the window that
-    started at ``window_start`` (Unix seconds, UTC) and ``window_reserved`` what the
+    started at ``window_start`` (Unix microseconds, UTC) and ``window_reserved`` what the
     row's open holds set aside, whichever window they were placed in.
     """
 
@@ -45,14 +48,14 @@ class BudgetCounters:
     window_reserved = mapped_column(Money, nullable=False, default=0, server_default="0")
 
 
-def unix_seconds(moment: datetime) -> int:
-    """Return ``moment`` (UTC) as whole Unix seconds."""
-    return int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp())
+def unix_micros(moment: datetime) -> int:
+    """Return ``moment`` (UTC) as whole Unix microseconds."""
+    return (moment.replace(tzinfo=moment.tzinfo or UTC) - EPOCH) // timedelta(microseconds=1)
 
 
-def from_unix_seconds(seconds: int) -> datetime:
-    """Return the UTC instant of ``seconds`` since the epoch."""
-    return datetime.fromtimestamp(seconds, UTC)
+def from_unix_micros(micros: int) -> datetime:
+    """Return the UTC instant ``micros`` microseconds after the epoch."""
+    return EPOCH + timedelta(microseconds=micros)
 
 
 def calendar_start(window: str, moment: datetime) -> datetime:
@@ -81,28 +84,28 @@ def window_parameters(moment: datetime) -> dict[str, int]:
     that has ended starts again (every row picks its own by its ``budget_window``).
     """
     return {
-        "day_start": unix_seconds(calendar_start(DAY, moment)),
-        "week_start": unix_seconds(calendar_start(WEEK, moment)),
-        "month_start": unix_seconds(calendar_start(MONTH, moment)),
-        "now_seconds": unix_seconds(moment),
+        "day_start": unix_micros(calendar_start(DAY, moment)),
+        "week_start": unix_micros(calendar_start(WEEK, moment)),
+        "month_start": unix_micros(calendar_start(MONTH, moment)),
+        "now_micros": unix_micros(moment),
     }
 
 
 def current_window_start(window: str, stored_start: int | None, moment: datetime) -> int:
     """Return the start of ``window``'s window at ``moment``, as the hold's statement does."""
-    now = unix_seconds(moment)
-    if window in ROLLING_SECONDS:
-        if stored_start is not None and stored_start > now - ROLLING_SECONDS[window]:
+    now = unix_micros(moment)
+    if window in ROLLING_MICROS:
+        if stored_start is not None and stored_start > now - ROLLING_MICROS[window]:
             return stored_start
         return now
-    return unix_seconds(calendar_start(window, moment))
+    return unix_micros(calendar_start(window, moment))
 
 
 def window_end(window: str, start: int) -> datetime:
     """Return when the window of ``window`` that started at ``start`` ends (resets)."""
-    if window in ROLLING_SECONDS:
-        return from_unix_seconds(start + ROLLING_SECONDS[window])
-    return calendar_end(window, from_unix_seconds(start))
+    if window in ROLLING_MICROS:
+        return from_unix_micros(start + ROLLING_MICROS[window])
+    return calendar_end(window, from_unix_micros(start))
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def budget_state(row: BudgetCounters, moment: datetime) -> BudgetState:
     return BudgetState(
         amount=row.budget,
         window=row.budget_window,
-        window_start=from_unix_seconds(start),
+        window_start=from_unix_micros(start),
         resets_at=window_end(row.budget_window, start),
         spent=Decimal(spent),
         reserved=Decimal(row.window_reserved),

@@ -16,7 +16,7 @@ from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.models import Membership, Person
 from app.auth.keys import forget_remembered_callers
 from app.auth.models import DELETED, ApiKey
-from app.budgets import ROLLING_SECONDS, WINDOWS, BudgetCounters, calendar_start, unix_seconds
+from app.budgets import ROLLING_MICROS, WINDOWS, BudgetCounters, calendar_start, unix_micros
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
@@ -94,19 +94,19 @@ def apply_budget(
     if window == row.budget_window:
         return
     row.budget_window = window
-    if window in ROLLING_SECONDS:
+    if window in ROLLING_MICROS:
         row.window_start, row.window_spent = None, Decimal(0)
         return
     start = calendar_start(window, utcnow())
     noted = Hold.key_window_start if isinstance(row, ApiKey) else Hold.member_window_start
     in_window = (Hold.api_key_id.in_(key_ids), Hold.created_at >= start)
-    db.session.execute(update(Hold).where(*in_window).values({noted: unix_seconds(start)}))
+    db.session.execute(update(Hold).where(*in_window).values({noted: unix_micros(start)}))
     spent = db.session.scalar(
         select(func.sum(-LedgerEntry.amount))
         .join(Hold, Hold.id == LedgerEntry.generation_id)
         .where(LedgerEntry.kind == CHARGE, Hold.status != OPEN, *in_window)
     )
-    row.window_start, row.window_spent = unix_seconds(start), spent or Decimal(0)
+    row.window_start, row.window_spent = unix_micros(start), spent or Decimal(0)
 
 
 def find_organisation_or_raise(organisation: str) -> Account:

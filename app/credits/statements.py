@@ -47,7 +47,7 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.models import ACTIVE, ApiKey
-from app.budgets import DAY, ROLLING_SECONDS, WEEK
+from app.budgets import DAY, ROLLING_MICROS, WEEK
 from app.credits.models import OPEN, Account, Hold, LedgerEntry, UsageRollup
 from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime
 
@@ -76,13 +76,13 @@ def window_start_now(rows: TableClause) -> ColumnElement[int]:
     The calendar windows' starts are parameters (app.budgets.window_parameters); a
     rolling window goes on while it lasts, and starts again at the hold's time after.
     """
-    now = bindparam("now_seconds", type_=BigInteger())
+    now = bindparam("now_micros", type_=BigInteger())
     rolling = [
         (
             rows.c.budget_window == window,
             case((rows.c.window_start > now - seconds, rows.c.window_start), else_=now),
         )
-        for window, seconds in ROLLING_SECONDS.items()
+        for window, seconds in ROLLING_MICROS.items()
     ]
     return case(
         (rows.c.budget_window == DAY, bindparam("day_start", type_=BigInteger())),

@@ -33,9 +33,9 @@ def key_state(app, key_id: int) -> tuple | None:
     """The key's row as the database has it, or None if it is gone."""
     with app.app_context():
         row = db.session.execute(
-            select(
-                ApiKey.state, ApiKey.digest, ApiKey.permitted_models, ApiKey.budget
-            ).where(ApiKey.id == key_id)
+            select(ApiKey.state, ApiKey.digest, ApiKey.permitted_models, ApiKey.budget).where(
+                ApiKey.id == key_id
+            )
         ).first()
         return tuple(row) if row else None
 

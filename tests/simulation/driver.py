@@ -697,7 +697,7 @@ def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
     rows = db.session.execute(_KEY_ROWS, {"key_ids": key_ids}).all()
     for key_id, budget, window, stored, spent, reserved, held in rows:
         start = budgets.current_window_start(window, stored, now)
-        since = budgets.from_unix_seconds(start)
+        since = budgets.from_unix_micros(start)
         charged = sum((c for placed_at, c in charges[key_id] if placed_at >= since), Decimal(0))
         spent = spent if stored == start else Decimal(0)
         states[key_id] = KeyState(budget, window, spent, reserved, held, charged)

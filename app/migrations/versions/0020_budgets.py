@@ -3,7 +3,7 @@
 A key's ``monthly_limit``, ``month_spent`` and ``month_reserved`` become ``budget``,
 ``window_spent`` and ``window_reserved`` in a ``budget_window`` (``month`` for every key
 made before), and ``spend_month`` (``YYYYMM``) becomes ``window_start``, the window's
-first instant in Unix seconds: a key that last spent in an earlier month starts this
+first instant in Unix microseconds: a key that last spent in an earlier month starts this
 month at zero, as its next hold would have. Memberships get the same columns. Holds
 note the windows their key and member counted them in; every hold placed this
 month counts in the current month's window, as it was counted in the month's spend.
@@ -36,9 +36,9 @@ def budget_columns():
 
 
 def this_month(now: datetime) -> tuple[int, int]:
-    """Return the current month as ``YYYYMM`` and its first instant in Unix seconds."""
+    """Return the current month as ``YYYYMM`` and its first instant in Unix microseconds."""
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return now.year * 100 + now.month, int(start.timestamp())
+    return now.year * 100 + now.month, int(start.timestamp()) * 1_000_000
 
 
 def upgrade():
@@ -81,7 +81,7 @@ def upgrade():
         ).bindparams(
             sa.bindparam("since", type_=sa.DateTime()),
             start=start,
-            since=datetime.fromtimestamp(start, UTC).replace(tzinfo=None),
+            since=datetime.fromtimestamp(start // 1_000_000, UTC).replace(tzinfo=None),
         )
     )
 

@@ -15,7 +15,7 @@ from sqlalchemy import column, insert, select, table, update
 from app import create_app
 from app.accounts.models import Membership
 from app.auth.models import ApiKey
-from app.budgets import unix_seconds
+from app.budgets import unix_micros
 from app.credits.ledger import month_start
 from app.database import utcnow
 from app.extensions import db
@@ -116,7 +116,7 @@ def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_ur
         keys = {key.id: key for key in db.session.scalars(select(ApiKey))}
         assert keys[limited].budget == Decimal("5") and keys[limited].budget_window == "month"
         assert keys[limited].window_spent == 0 and keys[unlimited].window_spent == Decimal("0.25")
-        assert {key.window_start for key in keys.values()} == {unix_seconds(month_start(now))}
+        assert {key.window_start for key in keys.values()} == {unix_micros(month_start(now))}
         members = db.session.execute(select(Membership.window_spent, Membership.budget)).all()
         assert members == [(Decimal("0.25"), None)]
         db.session.remove()

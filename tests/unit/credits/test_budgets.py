@@ -14,7 +14,7 @@ from app.accounts.budgets import set_key_budget, set_member_budget
 from app.accounts.keys import create_key
 from app.accounts.models import MEMBER, Membership, Person
 from app.auth.models import ApiKey
-from app.budgets import unix_seconds
+from app.budgets import unix_micros
 from app.credits import ledger
 from app.extensions import db
 from app.generations.audit import audit_ledger
@@ -108,7 +108,7 @@ def test_a_calendar_window_starts_from_zero_exactly_at_its_boundary(
     assert refused.window == window and refused.available == 0
     clock.now = boundary
     assert isinstance(hold(account, key_id, "1"), ledger.HeldCredit)
-    assert counters(key_id) == (0, Decimal("1"), unix_seconds(boundary))
+    assert counters(key_id) == (0, Decimal("1"), unix_micros(boundary))
     assert_audit_clean(account.id)
 
 
@@ -125,7 +125,7 @@ def test_a_five_hour_window_starts_with_the_first_request_after_the_last_ended(a
     later = first + timedelta(hours=7, minutes=3)
     clock.now = later
     spend(account, key_id, "1", "g-later")
-    assert counters(key_id) == (Decimal("1"), 0, unix_seconds(later))
+    assert counters(key_id) == (Decimal("1"), 0, unix_micros(later))
     clock.now = later + timedelta(hours=4, minutes=59)
     assert isinstance(hold(account, key_id, "0.01"), ledger.BudgetShortfall)
     assert_audit_clean(account.id)

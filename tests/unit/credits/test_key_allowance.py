@@ -11,7 +11,7 @@ from sqlalchemy import update
 from app.accounts.keys import create_key
 from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
-from app.budgets import unix_seconds
+from app.budgets import unix_micros
 from app.credits import ledger
 from app.credits.models import Account, Hold
 from app.database import utcnow
@@ -75,7 +75,7 @@ def test_a_new_month_starts_from_zero_spend(app_context):
     account, key_id = limited_key("1.00")
     ledger.settle_hold(hold(account, key_id, "1"), cost=Decimal("1"), generation_id="g-month-1")
     assert isinstance(hold(account, key_id, "0.1"), ledger.BudgetShortfall)
-    last_month = unix_seconds(ledger.month_start(ledger.month_start(utcnow()) - timedelta(days=1)))
+    last_month = unix_micros(ledger.month_start(ledger.month_start(utcnow()) - timedelta(days=1)))
     db.session.execute(update(ApiKey).where(ApiKey.id == key_id).values(window_start=last_month))
     db.session.commit()
     assert isinstance(hold(account, key_id, "1"), ledger.HeldCredit)
