@@ -1,0 +1,67 @@
+"""``flask orgs budget``: set and clear the budget of a member or of a key."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from sqlalchemy import select
+
+from app.accounts.models import Membership
+from app.auth.models import ApiKey
+from app.extensions import db
+
+
+def organisation_with_key(runner) -> tuple[str, int]:
+    address = f"org-{uuid.uuid4().hex[:10]}@example.com"
+    assert runner.invoke(args=["accounts", "create", address, "--credits", "5"]).exit_code == 0
+    created = runner.invoke(args=["keys", "create", address, "--name", "ci"])
+    assert created.exit_code == 0, created.output
+    return address, int(created.output.split("created key ")[1].split()[0])
+
+
+def budget_of(app, model, row_id: int) -> tuple:
+    with app.app_context():
+        row = db.session.get(model, row_id)
+        return row.budget, row.budget_window
+
+
+def test_a_members_budget_is_set_and_cleared(runner, app):
+    address, key_id = organisation_with_key(runner)
+    args = ["orgs", "budget", "--org", address, "--member", address]
+    done = runner.invoke(args=[*args, "--amount", "50", "--window", "week"])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"member {address} of {address}: $50 a week"
+    with app.app_context():
+        member_id = db.session.scalar(select(ApiKey.member_id).where(ApiKey.id == key_id))
+    assert budget_of(app, Membership, member_id) == (Decimal("50"), "week")
+    cleared = runner.invoke(args=args)
+    assert cleared.exit_code == 0 and cleared.output.strip().endswith(": no budget")
+    assert budget_of(app, Membership, member_id) == (None, "month")
+
+
+def test_a_keys_budget_is_set_in_a_five_hour_window(runner, app):
+    address, key_id = organisation_with_key(runner)
+    args = ["orgs", "budget", "--org", address, "--key", str(key_id), "--amount", "2.5"]
+    done = runner.invoke(args=[*args, "--window", "5h"])
+    assert done.exit_code == 0, done.output
+    assert budget_of(app, ApiKey, key_id) == (Decimal("2.5"), "5h")
+    listed = runner.invoke(args=["keys", "list", address]).output.splitlines()
+    assert listed[1].endswith("\tall\t$2.5 a 5h")
+
+
+def test_bad_budgets_are_refused_in_one_line(runner, app):
+    address, key_id = organisation_with_key(runner)
+    other, _ = organisation_with_key(runner)
+    cases = [
+        (["--org", other, "--key", str(key_id), "--amount", "1"], f"no API key with id {key_id}"),
+        (["--org", address, "--member", "nobody@example.com"], "no member 'nobody@example.com'"),
+        (["--org", "no-such-org", "--key", str(key_id)], "no organisation 'no-such-org'"),
+        (["--org", address, "--key", str(key_id), "--amount", "-1"], "must not be negative"),
+        (["--org", address, "--key", str(key_id), "--window", "year"], "'year' is not one of"),
+        (["--org", address], "name either --member or --key"),
+    ]
+    for extra, said in cases:
+        refused = runner.invoke(args=["orgs", "budget", *extra])
+        assert refused.exit_code != 0 and said in refused.output, (extra, refused.output)
+    assert budget_of(app, ApiKey, key_id) == (None, "month")
