@@ -111,6 +111,26 @@ class UsdLimit(click.ParamType):
             self.fail(f"{value!r} is not an amount in USD")
 
 
+class UsdOrNone(UsdLimit):
+    """A USD amount as written, or ``none``: no amount."""
+
+    def convert(self, value: object, param: object, ctx: object) -> Decimal | None:
+        """Parse ``value`` as a Decimal amount; ``none`` is None."""
+        if value is None or str(value).strip().lower() == "none":
+            return None
+        return super().convert(value, param, ctx)
+
+
+WINDOW_OPTION = click.option(
+    "--per",
+    "window",
+    type=click.Choice(WINDOWS),
+    default=MONTH,
+    show_default=True,
+    help="The budget's window: day, week (from Monday), month (UTC) or 5h (from a request).",
+)
+
+
 class ModelIds(click.ParamType):
     """A comma-separated list of model ids."""
 
@@ -187,15 +207,27 @@ def grant_command(email: str, amount: Decimal, idempotency_key: str | None) -> N
 @click.option("--name", required=True, help="A name to recognise the key by.")
 @click.option("--models", type=ModelIds(), help="Comma-separated model ids the key may use.")
 @click.option("--monthly-limit", type=UsdLimit(), help="USD the key may spend per month (UTC).")
+@click.option("--limit", type=UsdLimit(), help="USD the key may spend per window (--per).")
+@WINDOW_OPTION
 def create_key_command(
-    email: str, name: str, models: list[str] | None, monthly_limit: Decimal | None
+    email: str,
+    name: str,
+    models: list[str] | None,
+    monthly_limit: Decimal | None,
+    limit: Decimal | None,
+    window: str,
 ) -> None:
     """Issue a key for EMAIL; its value is printed once, alone on the last line."""
+    if limit is not None and monthly_limit is not None:
+        raise click.UsageError("give either --monthly-limit or --limit")
     with operator_errors():
         account = find_account_or_raise(email)
+        budgets.checked_budget_amount(limit)  # before the key is issued: nothing half-written
         issued = keys.create_key(
             account_id=account.id, name=name, permitted_models=models, monthly_limit=monthly_limit
         )
+        if limit is not None:
+            budgets.set_key_budget(issued.id, amount=limit, window=window)
     click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email}")
     click.echo(issued.value)
 
@@ -335,23 +367,21 @@ def demo_setup_command() -> None:
 
 
 @orgs_cli.command("budget")
-@click.option("--org", "organisation", required=True, help="The organisation: id, name or email.")
-@click.option("--member", "email", help="The member's email: set the member's budget.")
-@click.option("--key", "key_id", type=int, help="A key's id: set the key's budget.")
-@click.option("--amount", type=UsdLimit(), help="USD a window; leave out to clear the budget.")
-@click.option(
-    "--window",
-    type=click.Choice(WINDOWS),
-    default=MONTH,
-    show_default=True,
-    help="day, week (from Monday) and month are UTC calendar windows; 5h starts with a request.",
-)
+@click.argument("organisation", metavar="ORG")
+@click.argument("email", required=False)
+@click.option("--usd", "amount", type=UsdOrNone(), required=True, help="USD a window, or none.")
+@WINDOW_OPTION
+@click.option("--key", "key_id", type=int, help="Set the budget of this key of ORG instead.")
 def budget_command(
-    organisation: str, email: str | None, key_id: int | None, amount: Decimal | None, window: str
+    organisation: str, email: str | None, amount: Decimal | None, window: str, key_id: int | None
 ) -> None:
-    """Set (or, without --amount, clear) the budget of a member or of a key."""
+    """Set (or with --usd none, remove) the budget of ORG's member EMAIL, or of a key.
+
+    ORG is the organisation's id, name or holder's email. A member's budget counts the
+    spend of all their keys.
+    """
     if (email is None) == (key_id is None):
-        raise click.UsageError("name either --member or --key")
+        raise click.UsageError("name either a member's EMAIL or --key")
     with operator_errors():
         account = budgets.find_organisation_or_raise(organisation)
         if email is not None:

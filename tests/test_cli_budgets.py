@@ -1,4 +1,4 @@
-"""``flask orgs budget``: set and clear the budget of a member or of a key."""
+"""``flask orgs budget`` and ``flask keys create --limit --per``: budgets of members and keys."""
 
 from __future__ import annotations
 
@@ -28,22 +28,22 @@ def budget_of(app, model, row_id: int) -> tuple:
 
 def test_a_members_budget_is_set_and_cleared(runner, app):
     address, key_id = organisation_with_key(runner)
-    args = ["orgs", "budget", "--org", address, "--member", address]
-    done = runner.invoke(args=[*args, "--amount", "50", "--window", "week"])
+    args = ["orgs", "budget", address, address]
+    done = runner.invoke(args=[*args, "--usd", "50", "--per", "week"])
     assert done.exit_code == 0, done.output
     assert done.output.strip() == f"member {address} of {address}: $50 a week"
     with app.app_context():
         member_id = db.session.scalar(select(ApiKey.member_id).where(ApiKey.id == key_id))
     assert budget_of(app, Membership, member_id) == (Decimal("50"), "week")
-    cleared = runner.invoke(args=args)
+    cleared = runner.invoke(args=[*args, "--usd", "none"])
     assert cleared.exit_code == 0 and cleared.output.strip().endswith(": no budget")
     assert budget_of(app, Membership, member_id) == (None, "month")
 
 
 def test_a_keys_budget_is_set_in_a_five_hour_window(runner, app):
     address, key_id = organisation_with_key(runner)
-    args = ["orgs", "budget", "--org", address, "--key", str(key_id), "--amount", "2.5"]
-    done = runner.invoke(args=[*args, "--window", "5h"])
+    args = ["orgs", "budget", address, "--key", str(key_id), "--usd", "2.5"]
+    done = runner.invoke(args=[*args, "--per", "5h"])
     assert done.exit_code == 0, done.output
     assert budget_of(app, ApiKey, key_id) == (Decimal("2.5"), "5h")
     listed = runner.invoke(args=["keys", "list", address]).output.splitlines()
@@ -53,15 +53,30 @@ def test_a_keys_budget_is_set_in_a_five_hour_window(runner, app):
 def test_bad_budgets_are_refused_in_one_line(runner, app):
     address, key_id = organisation_with_key(runner)
     other, _ = organisation_with_key(runner)
+    key = ["--key", str(key_id)]
     cases = [
-        (["--org", other, "--key", str(key_id), "--amount", "1"], f"no API key with id {key_id}"),
-        (["--org", address, "--member", "nobody@example.com"], "no member 'nobody@example.com'"),
-        (["--org", "no-such-org", "--key", str(key_id)], "no organisation 'no-such-org'"),
-        (["--org", address, "--key", str(key_id), "--amount", "-1"], "must not be negative"),
-        (["--org", address, "--key", str(key_id), "--window", "year"], "'year' is not one of"),
-        (["--org", address], "name either --member or --key"),
+        ([other, *key, "--usd", "1"], f"no API key with id {key_id}"),
+        ([address, "nobody@example.com", "--usd", "1"], "no member 'nobody@example.com'"),
+        (["no-such-org", *key, "--usd", "1"], "no organisation 'no-such-org'"),
+        ([address, *key, "--usd", "-1"], "must not be negative"),
+        ([address, *key, "--usd", "1", "--per", "year"], "'year' is not one of"),
+        ([address, *key], "Missing option '--usd'"),
+        ([address, "--usd", "1"], "name either a member's EMAIL or --key"),
     ]
     for extra, said in cases:
         refused = runner.invoke(args=["orgs", "budget", *extra])
         assert refused.exit_code != 0 and said in refused.output, (extra, refused.output)
     assert budget_of(app, ApiKey, key_id) == (None, "month")
+
+
+def test_a_key_is_created_with_a_budget_in_a_window(runner, app):
+    address, _ = organisation_with_key(runner)
+    args = ["keys", "create", address, "--name", "daily", "--limit", "0.75", "--per", "day"]
+    created = runner.invoke(args=args)
+    assert created.exit_code == 0, created.output
+    key_id = int(created.output.split("created key ")[1].split()[0])
+    assert budget_of(app, ApiKey, key_id) == (Decimal("0.75"), "day")
+    refused = runner.invoke(args=[*args[:4], "refused", "--limit", "-2"])
+    assert refused.exit_code != 0 and "must not be negative" in refused.output
+    listed = runner.invoke(args=["keys", "list", address]).output
+    assert "\trefused\t" not in listed and "$0.75 a day" in listed
