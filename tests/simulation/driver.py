@@ -25,7 +25,10 @@ from sqlalchemy import bindparam, case, func, select, true, type_coerce
 
 from app import sweeper
 from app.accounts import keys as key_admin
-from app.accounts.organisations import create_account
+from app.accounts import members
+from app.accounts.invites import accept_invite
+from app.accounts.models import MEMBER
+from app.accounts.organisations import create_account, owner_membership
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
 from app.catalog.pricing import Pricing, cost_of, worst_case_cost
@@ -256,9 +259,26 @@ def grant(account_id: int, amount: Decimal, *, idempotency_key: str | None) -> b
     return applied
 
 
-def issue_key(account_id: int) -> tuple[int, str]:
-    """Issue a key for the account; return its id and value."""
-    issued = key_admin.create_key(account_id=account_id, name="simulated")
+def owner_of(account_id: int) -> int:
+    """Return the membership id of the account's owner."""
+    return owner_membership(account_id).id
+
+
+def add_member(account_id: int, email: str) -> int:
+    """Invite ``email`` as a member, who accepts with a new password; return the member id."""
+    token = members.invite_member(account_id, members.OPERATOR, email=email, role=MEMBER)
+    accept_invite(token, "simulated member password")
+    return members.find_member_by_email(account_id, email).id
+
+
+def remove_member(account_id: int, member_id: int) -> int:
+    """Remove the member (their keys are revoked at once); return how many keys were."""
+    return members.remove_member(account_id, members.OPERATOR, member_id)
+
+
+def issue_key(account_id: int, member_id: int | None = None) -> tuple[int, str]:
+    """Issue a key for the account's member (its owner by default); return its id and value."""
+    issued = key_admin.create_key(account_id=account_id, member_id=member_id, name="simulated")
     return issued.id, issued.value
 
 
