@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sqlalchemy import func, or_, select, true, update
+from sqlalchemy import func, select, true, update
 
+from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
-from app.accounts.models import Membership, Person
+from app.accounts.models import Membership
 from app.auth.keys import forget_remembered_callers
 from app.auth.models import DELETED, ApiKey
 from app.budgets import ROLLING_MICROS, WINDOWS, BudgetCounters, calendar_start, unix_micros
-from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
+from app.credits.models import CHARGE, OPEN, Hold, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
 
@@ -35,9 +36,16 @@ def checked_window(window: str) -> str:
 
 
 def set_key_budget(
-    key_id: int, *, amount: Decimal | None, window: str, account_id: int | None = None
+    key_id: int,
+    *,
+    amount: Decimal | None,
+    window: str,
+    account_id: int | None = None,
+    actor: int | None = None,
 ) -> ApiKey:
     """Give key ``key_id`` a budget of ``amount`` USD a ``window`` (None: no budget).
+
+    ``actor`` is the person who asked (None: the operator), for the audit log.
 
     :raise InvalidKeyLimits: the amount or the window is not valid.
     :raise KeyNotFound: no key has ``key_id`` (of the organisation ``account_id``, if given).
@@ -53,15 +61,19 @@ def set_key_budget(
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
     apply_budget(key, amount, window, [key.id])
+    _record(actor, key.account_id, f"key:{key.id}", amount, window)
     db.session.commit()
     forget_remembered_callers()
     return key
 
 
-def set_member_budget(member_id: int, *, amount: Decimal | None, window: str) -> Membership:
+def set_member_budget(
+    member_id: int, *, amount: Decimal | None, window: str, actor: int | None = None
+) -> Membership:
     """Give member ``member_id`` a budget of ``amount`` USD a ``window`` (None: no budget).
 
-    The member's keys all count against it.
+    The member's keys all count against it. ``actor`` is the person who asked (None:
+    the operator), for the audit log.
 
     :raise InvalidKeyLimits: the amount or the window is not valid.
     :raise KeyNotFound: no member has ``member_id``.
@@ -75,8 +87,17 @@ def set_member_budget(member_id: int, *, amount: Decimal | None, window: str) ->
         raise KeyNotFound(f"no member with id {member_id}")
     key_ids = db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)).all()
     apply_budget(member, amount, window, list(key_ids))
+    _record(actor, member.account_id, f"member:{member.id}", amount, window)
     db.session.commit()
     return member
+
+
+def _record(
+    actor: int | None, account_id: int, subject: str, amount: Decimal | None, window: str
+) -> None:
+    """Log the change of a budget in the organisation's audit log."""
+    detail = {"amount": None if amount is None else f"{amount:f}", "window": window}
+    record_change(actor, account_id, "budget.set", subject, detail)
 
 
 def apply_budget(
@@ -107,42 +128,6 @@ def apply_budget(
         .where(LedgerEntry.kind == CHARGE, Hold.status != OPEN, *in_window)
     )
     row.window_start, row.window_spent = unix_micros(start), spent or Decimal(0)
-
-
-def find_organisation_or_raise(organisation: str) -> Account:
-    """Return the organisation named by ``organisation``: its id, name or holder's email.
-
-    :raise KeyNotFound: there is none.
-    """
-    account_id = int(organisation) if organisation.isdigit() else None
-    account = db.session.scalar(
-        select(Account).where(
-            or_(
-                Account.id == account_id,
-                Account.name == organisation,
-                Account.email == organisation.strip().lower(),
-            )
-        )
-    )
-    if account is None:
-        raise KeyNotFound(f"no organisation {organisation!r}")
-    return account
-
-
-def find_member_or_raise(account: Account, email: str) -> Membership:
-    """Return the current member of ``account`` with ``email``; raise KeyNotFound."""
-    member = db.session.scalar(
-        select(Membership)
-        .join(Person, Person.id == Membership.person_id)
-        .where(
-            Membership.account_id == account.id,
-            Membership.removed_at.is_(None),
-            Person.email == email.strip().lower(),
-        )
-    )
-    if member is None:
-        raise KeyNotFound(f"no member {email!r} in the organisation {account.name!r}")
-    return member
 
 
 def checked_budget_amount(amount: Decimal | None, what: str = "the budget") -> Decimal | None:

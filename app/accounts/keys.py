@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.accounts.budgets import apply_budget, checked_budget_amount
+from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.models import Membership
 from app.accounts.organisations import owner_membership
@@ -47,10 +48,12 @@ def create_key(
     member_id: int | None = None,
     permitted_models: list[str] | None = None,
     monthly_limit: Decimal | None = None,
+    actor: int | None = None,
 ) -> IssuedKey:
     """Issue a new active key for the account ``account_id``, optionally limited.
 
-    The key belongs to the member ``member_id``, by default to the organisation's owner.
+    The key belongs to the member ``member_id``, by default to the organisation's owner;
+    ``actor`` is the person who asked (None: the operator), for the audit log.
     :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
     :raise KeyNotFound: ``member_id`` is no member of the organisation.
     """
@@ -69,8 +72,20 @@ def create_key(
         budget=limit,
     )
     db.session.add(key)
+    db.session.flush()
+    _record(actor, key, "key.create", {"member_id": member_id, "monthly_limit": _text(limit)})
     db.session.commit()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
+
+
+def _record(actor: int | None, key: ApiKey, action: str, detail: dict | None = None) -> None:
+    record_change(
+        actor, key.account_id, action, f"key:{key.id}", {"name": key.name, **(detail or {})}
+    )
+
+
+def _text(amount: Decimal | None) -> str | None:
+    return None if amount is None else f"{amount:f}"
 
 
 def _member_of_key(account_id: int, member_id: int | None) -> int:
@@ -87,7 +102,11 @@ def _member_of_key(account_id: int, member_id: int | None) -> int:
 
 
 def update_key_limits(
-    key_id: int, *, permitted_models: list[str] | None, monthly_limit: Decimal | None
+    key_id: int,
+    *,
+    permitted_models: list[str] | None,
+    monthly_limit: Decimal | None,
+    actor: int | None = None,
 ) -> ApiKey:
     """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
 
@@ -108,6 +127,7 @@ def update_key_limits(
         raise KeyNotFound(f"no API key with id {key_id}")
     key.permitted_models = models
     apply_budget(key, limit, MONTH, [key.id])
+    _record(actor, key, "key.limits", {"permitted_models": models, "monthly_limit": _text(limit)})
     db.session.commit()
     forget_remembered_callers()
     return key
@@ -130,27 +150,29 @@ def checked_permitted_models(permitted_models: list[str] | None) -> list[str] | 
     return models
 
 
-def rotate_key(key_id: int) -> IssuedKey:
+def rotate_key(key_id: int, actor: int | None = None) -> IssuedKey:
     """Give key ``key_id`` a new value; the old one fails at once. Raise KeyNotFound."""
     key = _find_key_or_raise(key_id)
     value = generate_key()
     key.digest = digest_key(value)
     key.display_prefix = value[:DISPLAY_LENGTH]
+    _record(actor, key, "key.rotate")
     db.session.commit()
     forget_remembered_callers()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
 
 
-def revoke_key(key_id: int) -> ApiKey:
+def revoke_key(key_id: int, actor: int | None = None) -> ApiKey:
     """Revoke key ``key_id``: kept, but refused with 403. Raise KeyNotFound."""
     key = _find_key_or_raise(key_id)
     key.state = REVOKED
+    _record(actor, key, "key.revoke")
     db.session.commit()
     forget_remembered_callers()
     return key
 
 
-def delete_key(key_id: int) -> None:
+def delete_key(key_id: int, actor: int | None = None) -> None:
     """Delete key ``key_id`` for good: its value is unknown from now on. Raise KeyNotFound.
 
     The row stays, in state ``deleted`` and without its digest (see ``ApiKey``).
@@ -159,6 +181,7 @@ def delete_key(key_id: int) -> None:
     key.state = DELETED
     # Unique like a digest, but never the sha256 hex of a key (it has a non-hex letter).
     key.digest = f"deleted-{key.id}"
+    _record(actor, key, "key.delete")
     db.session.commit()
     forget_remembered_callers()
 
@@ -172,3 +195,16 @@ def list_keys(account_id: int) -> list[ApiKey]:
             .order_by(ApiKey.id)
         )
     )
+
+
+def stage_revoke_member_keys(member_id: int) -> int:
+    """Revoke the member's active keys in the session; return how many, for the caller to commit.
+
+    The caller tells the processes that remember callers once it committed.
+    """
+    revoked = db.session.execute(
+        update(ApiKey)
+        .where(ApiKey.member_id == member_id, ApiKey.state == ACTIVE)
+        .values(state=REVOKED)
+    )
+    return revoked.rowcount

@@ -5,12 +5,20 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 
 from flask_wtf import FlaskForm
-from wtforms import EmailField, HiddenField, PasswordField, SelectMultipleField, StringField
+from wtforms import (
+    EmailField,
+    HiddenField,
+    PasswordField,
+    SelectField,
+    SelectMultipleField,
+    StringField,
+)
 from wtforms.validators import DataRequired, Length, Optional, Regexp, ValidationError
 
 from app.accounts.budgets import checked_budget_amount
 from app.accounts.errors import InvalidKeyLimits
 from app.accounts.keys import checked_permitted_models
+from app.accounts.models import ROLES
 from app.accounts.passwords import MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH
 
 MAX_USD = Decimal("1000000")
@@ -119,3 +127,32 @@ class GrantForm(FlaskForm):
     def validate_amount(self, field: StringField) -> None:
         """Refuse a non-positive or non-numeric amount."""
         field.amount = parse_usd(field.data, allow_zero=False)
+
+
+ROLE_CHOICES = list(ROLES)
+
+
+class InviteForm(FlaskForm):
+    """Whom to invite into the organisation, and with what role."""
+
+    email = EmailField(
+        "Email",
+        validators=[
+            DataRequired(),
+            Regexp(r"^[^@\s]+@[^@\s]+\.[^@\s]+$", message="Enter an email address."),
+            Length(max=320),
+        ],
+    )
+    role = SelectField("Role", choices=ROLE_CHOICES, default="member")
+
+
+class RoleForm(FlaskForm):
+    """A member's new role."""
+
+    role = SelectField("Role", choices=ROLE_CHOICES)
+
+
+class OrganisationForm(FlaskForm):
+    """A new organisation's name."""
+
+    name = StringField("Name", validators=[DataRequired(), Length(max=200)])

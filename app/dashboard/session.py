@@ -22,8 +22,8 @@ ORGANISATION = "organisation_id"
 class DashboardUser(UserMixin):
     """The person a dashboard session belongs to, in their current organisation.
 
-    ``account_id``, ``member_id`` and ``role`` are None when the person belongs to no
-    organisation (every membership removed).
+    ``account_id``, ``member_id``, ``role`` and ``organisation_name`` are None when the
+    person belongs to no organisation (every membership removed).
     """
 
     def __init__(self, person: Person, membership: Membership | None) -> None:
@@ -33,6 +33,8 @@ class DashboardUser(UserMixin):
         self.account_id = membership.account_id if membership else None
         self.member_id = membership.id if membership else None
         self.role = membership.role if membership else None
+        account = db.session.get(Account, membership.account_id) if membership else None
+        self.organisation_name = account.name if account else None
 
     def get_id(self) -> str:
         """Return what the session cookie records: the person's id."""

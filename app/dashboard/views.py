@@ -24,12 +24,15 @@ from flask import (
 )
 from flask_login import current_user, login_required, logout_user
 from flask_wtf.csrf import CSRFError
-from werkzeug.exceptions import NotFound
+from werkzeug.exceptions import Forbidden, NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from app.accounts import keys
+from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
 from app.accounts.invites import InviteInvalid, accept_invite, find_open_invite
+from app.accounts.members import has_role
+from app.accounts.models import ADMIN
 from app.accounts.passwords import WeakPassword, authenticate, register_account
 from app.auth.models import ApiKey
 from app.catalog.registry import current_catalog
@@ -50,6 +53,7 @@ from app.dashboard.forms import (
 from app.dashboard.pages import Cursor
 from app.dashboard.security import (
     admin_required,
+    role_required,
     sign_in_address,
     sign_in_email,
     sign_in_limit_per_address,
@@ -57,7 +61,7 @@ from app.dashboard.security import (
 )
 from app.dashboard.session import start_session
 from app.database import utcnow
-from app.extensions import API_PREFIX, csrf
+from app.extensions import API_PREFIX, csrf, db
 from app.money import usd_text
 from app.ratelimits import RateLimitExceeded, limiter
 
@@ -112,6 +116,13 @@ def not_found(error: NotFound) -> tuple[str, int]:
     """Answer 404 with a page: another account's key is no key."""
     message = "There is nothing here, or it is not yours."
     return render_template("dashboard/error.html", title="Not found", message=message), 404
+
+
+@bp.errorhandler(Forbidden)
+def forbidden(error: Forbidden) -> tuple[str, int]:
+    """Answer 403 with a page: the member's role does not allow this."""
+    message = "Your role in this organisation does not allow this. Ask an admin or owner."
+    return render_template("dashboard/error.html", title="Not allowed", message=message), 403
 
 
 @bp.errorhandler(RateLimitExceeded)
@@ -209,13 +220,26 @@ def _model_choices() -> list[tuple[str, str]]:
     return [(model.id, model.id) for model in current_catalog().list()]
 
 
+def _sees_every_key() -> bool:
+    """Whether the signed-in member manages every member's keys (an admin or owner)."""
+    return has_role(current_user.role, ADMIN)
+
+
+def _own_member_id() -> int | None:
+    """Return the member whose keys alone the signed-in member sees; None: they see all."""
+    return None if _sees_every_key() else current_user.member_id
+
+
 def _keys_page(form: CreateKeyForm, status: int = 200) -> tuple[str, int]:
-    rows = accounts.account_key_rows(current_user.account_id, utcnow())
-    return render_template("dashboard/keys.html", rows=rows, form=form), status
+    rows = accounts.account_key_rows(current_user.account_id, utcnow(), _own_member_id())
+    page = render_template(
+        "dashboard/keys.html", rows=rows, form=form, every_member=_sees_every_key()
+    )
+    return page, status
 
 
 @bp.get("/keys")
-@login_required
+@role_required()
 def list_keys() -> tuple[str, int]:
     """List the account's keys, with the form to create one."""
     form = CreateKeyForm()
@@ -224,7 +248,7 @@ def list_keys() -> tuple[str, int]:
 
 
 @bp.post("/keys")
-@login_required
+@role_required()
 def create_key() -> tuple[str, int]:
     """Create a named key and show its value, this once."""
     form = CreateKeyForm()
@@ -238,6 +262,7 @@ def create_key() -> tuple[str, int]:
             name=form.name.data.strip(),
             permitted_models=form.permitted_models.models,
             monthly_limit=form.monthly_limit.amount,
+            actor=current_user.person_id,
         )
     except InvalidKeyLimits as error:
         form.permitted_models.errors.append(str(error))
@@ -248,40 +273,43 @@ def create_key() -> tuple[str, int]:
 
 
 def _owned_key_or_404(key_id: int) -> ApiKey:
+    """Return the organisation's key: 404 if it is another's, 403 if another member's."""
     key = accounts.find_account_key(current_user.account_id, key_id)
     if key is None:
         abort(404)
+    if key.member_id != current_user.member_id and not _sees_every_key():
+        abort(403)
     return key
 
 
 @bp.get("/keys/<int:key_id>/rotate")
-@login_required
+@role_required()
 def confirm_rotate(key_id: int) -> str:
     """Ask before rotating: the old value stops working at once."""
     return render_template("dashboard/confirm.html", key=_owned_key_or_404(key_id), action="Rotate")
 
 
 @bp.post("/keys/<int:key_id>/rotate")
-@login_required
+@role_required()
 def rotate_key(key_id: int) -> str:
     """Give the key a new value, shown this once; the old one fails at once."""
     key = _owned_key_or_404(key_id)
-    issued = keys.rotate_key(key.id)
+    issued = keys.rotate_key(key.id, actor=current_user.person_id)
     return render_template("dashboard/key_value.html", key=key, value=issued.value, rotated=True)
 
 
 @bp.post("/keys/<int:key_id>/revoke")
-@login_required
+@role_required()
 def revoke_key(key_id: int) -> BaseResponse:
     """Revoke the key: kept and listed, but refused."""
     key = _owned_key_or_404(key_id)
-    keys.revoke_key(key.id)
+    keys.revoke_key(key.id, actor=current_user.person_id)
     flash(f"Revoked the key {key.name}.", "success")
     return redirect(url_for(".list_keys"))
 
 
 @bp.route("/keys/<int:key_id>/edit", methods=["GET", "POST"])
-@login_required
+@role_required()
 def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
     """Change the models a key may use and its monthly spend limit."""
     key = _owned_key_or_404(key_id)
@@ -293,6 +321,7 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
                 key.id,
                 permitted_models=form.permitted_models.models,
                 monthly_limit=form.monthly_limit.amount,
+                actor=current_user.person_id,
             )
         except InvalidKeyLimits as error:
             form.permitted_models.errors.append(str(error))
@@ -312,25 +341,25 @@ def _limits_data(key: ApiKey) -> dict[str, object]:
 
 
 @bp.get("/keys/<int:key_id>/delete")
-@login_required
+@role_required()
 def confirm_delete(key_id: int) -> str:
     """Ask before deleting: it cannot be undone."""
     return render_template("dashboard/confirm.html", key=_owned_key_or_404(key_id), action="Delete")
 
 
 @bp.post("/keys/<int:key_id>/delete")
-@login_required
+@role_required()
 def delete_key(key_id: int) -> BaseResponse:
     """Delete the key for good."""
     key = _owned_key_or_404(key_id)
     name = key.name
-    keys.delete_key(key.id)
+    keys.delete_key(key.id, actor=current_user.person_id)
     flash(f"Deleted the key {name}.", "success")
     return redirect(url_for(".list_keys"))
 
 
 @bp.get("/balance")
-@login_required
+@role_required(ADMIN)
 def balance() -> str:
     """Show the balance, the credit held by running requests, and the ledger."""
     account = accounts.find_account(current_user.account_id)
@@ -345,20 +374,22 @@ def _usage_filter() -> usage.UsageFilter:
         except ValueError:
             return None
 
+    own = _own_member_id()
     return usage.UsageFilter(
         key_id=request.args.get("key", type=int),
         model=request.args.get("model") or None,
         since=day("from"),
         until=day("to"),
+        key_ids=None if own is None else usage.member_key_ids(own),
     )
 
 
 @bp.get("/usage")
-@login_required
+@role_required()
 def usage_page() -> str:
     """Show daily spend per model, totals per model and key, and the generations."""
     account_id, chosen, today = current_user.account_id, _usage_filter(), utcnow().date()
-    spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today)
+    spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today, key_ids=chosen.key_ids)
     totalled = usage.with_dates(chosen, days=CHART_DAYS, today=today)
     by_model = usage.totals_by_model(account_id, totalled)
     used = {total.label for total in by_model} | {chosen.model} - {None}
@@ -369,13 +400,14 @@ def usage_page() -> str:
         totalled=totalled,
         by_model=by_model,
         by_key=usage.totals_by_key(account_id, totalled),
+        by_member=usage.totals_by_member(account_id, totalled) if _sees_every_key() else None,
         page=usage.generations_page(
             account_id,
             chosen,
             before=Cursor.parse(request.args.get("before")),
             after=Cursor.parse(request.args.get("after")),
         ),
-        keys=accounts.account_keys(account_id),
+        keys=accounts.account_keys(account_id, _own_member_id()),
         models=sorted(used | {model for model, _ in _model_choices()}),
         filter_args={k: v for k, v in request.args.items() if k not in PAGING_ARGS and v},
     )
@@ -425,7 +457,7 @@ def _csv_row(row: Any, names: dict[int, str]) -> tuple[object, ...]:
 
 
 @bp.get("/usage.csv")
-@login_required
+@role_required()
 def usage_csv() -> Response:
     """Export the filtered generations as CSV."""
     body = stream_with_context(_csv_lines(current_user.account_id, _usage_filter()))
@@ -481,6 +513,10 @@ def grant(account_id: int) -> BaseResponse | tuple[str, int]:
         )
     except IdempotencyConflict:
         applied = False
+    if applied:
+        detail = {"amount": f"{form.amount.amount:f}", "note": form.note.data or None}
+        record_change(current_user.person_id, account.id, "credits.grant", "balance", detail)
+        db.session.commit()
     state = "Granted" if applied else "Already granted"
-    flash(f"{state} ${form.amount.amount:f} to {account.email}.", "success")
+    flash(f"{state} ${form.amount.amount:f} to {account.name}.", "success")
     return redirect(url_for(".admin_accounts"))

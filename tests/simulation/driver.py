@@ -26,7 +26,10 @@ from sqlalchemy import bindparam, func, select, true, type_coerce
 from app import budgets, sweeper
 from app.accounts import budgets as budget_admin
 from app.accounts import keys as key_admin
-from app.accounts.organisations import create_account
+from app.accounts import members
+from app.accounts.invites import accept_invite
+from app.accounts.models import MEMBER
+from app.accounts.organisations import create_account, owner_membership
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
 from app.catalog.pricing import Pricing, cost_of, worst_case_cost
@@ -257,9 +260,26 @@ def grant(account_id: int, amount: Decimal, *, idempotency_key: str | None) -> b
     return applied
 
 
-def issue_key(account_id: int) -> tuple[int, str]:
-    """Issue a key for the account; return its id and value."""
-    issued = key_admin.create_key(account_id=account_id, name="simulated")
+def owner_of(account_id: int) -> int:
+    """Return the membership id of the account's owner."""
+    return owner_membership(account_id).id
+
+
+def add_member(account_id: int, email: str) -> int:
+    """Invite ``email`` as a member, who accepts with a new password; return the member id."""
+    token = members.invite_member(account_id, members.OPERATOR, email=email, role=MEMBER)
+    accept_invite(token, "simulated member password")
+    return members.find_member_by_email(account_id, email).id
+
+
+def remove_member(account_id: int, member_id: int) -> int:
+    """Remove the member (their keys are revoked at once); return how many keys were."""
+    return members.remove_member(account_id, members.OPERATOR, member_id)
+
+
+def issue_key(account_id: int, member_id: int | None = None) -> tuple[int, str]:
+    """Issue a key for the account's member (its owner by default); return its id and value."""
+    issued = key_admin.create_key(account_id=account_id, member_id=member_id, name="simulated")
     return issued.id, issued.value
 
 
@@ -699,6 +719,8 @@ def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
         start = budgets.current_window_start(window, stored, now)
         since = budgets.from_unix_micros(start)
         charged = sum((c for placed_at, c in charges[key_id] if placed_at >= since), Decimal(0))
+        if window in budgets.ROLLING_MICROS and start != stored:
+            charged = Decimal(0)  # the next request starts the window: nothing is in it yet
         spent = spent if stored == start else Decimal(0)
         states[key_id] = KeyState(budget, window, spent, reserved, held, charged)
     return states

@@ -77,6 +77,7 @@ class SimKey:
     state: str = ACTIVE
     old_values: list[str] = field(default_factory=list)
     budget: Decimal | None = None
+    member_id: int | None = None
 
 
 @dataclass
@@ -88,6 +89,8 @@ class SimAccount:
     email: str
     keys: list[SimKey] = field(default_factory=list)
     grant_keys: dict[str, Decimal] = field(default_factory=dict)
+    # The organisation's current members by id, its owner first; all pay from its balance.
+    members: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -200,6 +203,7 @@ class Simulation:
             email = f"sim-{self.seed}-{index}-{uuid.uuid4().hex[:12]}@example.com"
             credits = self.money(Decimal("0.002"), Decimal("0.03"))
             account = SimAccount(index, driver.open_account(email, credits), email)
+            account.members.append(driver.owner_of(account.id))
             self.accounts.append(account)
             for _ in range(2):
                 self.issue_key(account)
@@ -219,6 +223,7 @@ class Simulation:
             (self.grant, 4),
             (self.change_key, 4),
             (self.change_limit, 3),
+            (self.change_member, 2),
         ]
         if self.live:
             actions += [(self.advance, 45), (self.kill_worker, 1)]
@@ -867,10 +872,37 @@ class Simulation:
         return f"{change} key {key.name}"
 
     def issue_key(self, account: SimAccount) -> SimKey:
-        """Issue the account a new key."""
-        key = SimKey(f"k{account.index}.{len(account.keys)}", *driver.issue_key(account.id))
+        """Issue one of the account's members a new key."""
+        member_id = self.random.choice(account.members)
+        key = SimKey(
+            f"k{account.index}.{len(account.keys)}",
+            *driver.issue_key(account.id, member_id),
+            member_id=member_id,
+        )
         account.keys.append(key)
         return key
+
+    def change_member(self) -> str:
+        """An organisation gains a member, or loses one: their keys are revoked at once.
+
+        Requests already running with a removed member's keys go on and are charged, as
+        with any revoked key; the invariants check the keys refuse from now on.
+        """
+        account = self.random.choice(self.accounts)
+        if len(account.members) == 1 or self.random.random() < 0.5:
+            email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
+            account.members.append(driver.add_member(account.id, email))
+            return f"a{account.index} gains a member ({len(account.members)} now)"
+        member_id = self.random.choice(account.members[1:])
+        revoked = driver.remove_member(account.id, member_id)
+        theirs = [k for k in account.keys if k.member_id == member_id and k.state == ACTIVE]
+        if revoked != len(theirs):
+            self.fail([f"removing a member revoked {revoked} keys, not {len(theirs)}"])
+        for key in theirs:
+            key.state = REVOKED
+        position = account.members.index(member_id)
+        account.members.remove(member_id)
+        return f"a{account.index} removes member {position}: {revoked} keys revoked"
 
     def change_limit(self) -> str:
         """The owner sets, changes or lifts a key's budget, in one of the windows."""
