@@ -56,7 +56,10 @@ def test_bad_budgets_are_refused_in_one_line(runner, app):
     key = ["--key", str(key_id)]
     cases = [
         ([other, *key, "--usd", "1"], f"no API key with id {key_id}"),
-        ([address, "nobody@example.com", "--usd", "1"], "nobody@example.com is no member of this organisation"),
+        (
+            [address, "nobody@example.com", "--usd", "1"],
+            "nobody@example.com is no member of this organisation",
+        ),
         (["no-such-org", *key, "--usd", "1"], "no organisation with id or name 'no-such-org'"),
         ([address, *key, "--usd", "-1"], "must not be negative"),
         ([address, *key, "--usd", "1", "--per", "year"], "'year' is not one of"),
