@@ -40,7 +40,7 @@ from app.accounts.members import (
 from app.accounts.models import ROLES
 from app.accounts.organisations import create_account, owner_membership
 from app.accounts.passwords import set_password
-from app.budgets import MONTH, WINDOWS
+from app.budgets import MONTH, WINDOWS, budget_state
 from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
@@ -51,6 +51,7 @@ from app.credits.accounts import (
 )
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account
+from app.database import utcnow
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from app.generations.rollups import rebuild_rollups
@@ -459,13 +460,23 @@ def invite_member_command(org: str, email: str, role: str, base_url: str) -> Non
 @orgs_cli.command("members")
 @click.argument("org")
 def list_members_command(org: str) -> None:
-    """List ORG's members (id or name): member id, role, email, since when."""
+    """List ORG's members (id or name).
+
+    Member id, role, email, since when, then the budget (or none), its window and what
+    was spent in the window so far.
+    """
     with operator_errors():
         account = find_organisation(org)
         rows = list_members(account.id)
+    now = utcnow()
     for row in rows:
         member = row.membership
-        click.echo(f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}")
+        budget = budget_state(member, now)
+        amount = "none" if budget.amount is None else f"${budget.amount:f}"
+        click.echo(
+            f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}"
+            f"\t{amount}\t{budget.window}\t${budget.spent:f}"
+        )
 
 
 @orgs_cli.command("remove")
