@@ -13,6 +13,7 @@ integers and a rolling window starts after every hold of the one before.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -25,6 +26,8 @@ from app.database import Money
 DAY, WEEK, MONTH, FIVE_HOURS = "day", "week", "month", "5h"
 WINDOWS = (DAY, WEEK, MONTH, FIVE_HOURS)
 MICROS = 1_000_000
+DAY_SECONDS = 86_400
+DAY_MICROS = DAY_SECONDS * MICROS
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A rolling window's length, in microseconds.
 ROLLING_MICROS = {FIVE_HOURS: 5 * 3600 * MICROS}
@@ -82,13 +85,23 @@ def window_parameters(moment: datetime) -> dict[str, int]:
 
     The calendar windows' starts, and the moment itself, from which a rolling window
     that has ended starts again (every row picks its own by its ``budget_window``).
+    Worked out in integers: every request's hold asks.
     """
+    since_epoch = moment.astimezone(UTC) - EPOCH
+    days = since_epoch.days
+    now = (days * DAY_SECONDS + since_epoch.seconds) * MICROS + since_epoch.microseconds
+    # 1970-01-01 was a Thursday: a week starts (days + 3) % 7 days before.
     return {
-        "day_start": unix_micros(calendar_start(DAY, moment)),
-        "week_start": unix_micros(calendar_start(WEEK, moment)),
-        "month_start": unix_micros(calendar_start(MONTH, moment)),
-        "now_micros": unix_micros(moment),
+        "day_start": days * DAY_MICROS,
+        "week_start": (days - (days + 3) % 7) * DAY_MICROS,
+        "month_start": _month_start_micros(moment.year, moment.month),
+        "now_micros": now,
     }
+
+
+@functools.lru_cache(maxsize=16)
+def _month_start_micros(year: int, month: int) -> int:
+    return unix_micros(datetime(year, month, 1, tzinfo=UTC))
 
 
 def current_window_start(window: str, stored_start: int | None, moment: datetime) -> int:

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select, update
 
+from app import budgets as budget_windows
 from app.accounts import budgets
 from app.accounts.budgets import set_key_budget, set_member_budget
 from app.accounts.keys import create_key
@@ -211,3 +212,27 @@ def test_the_audit_finds_counters_that_do_not_match_their_holds(app_context, clo
         f"key {key_id}: spent $0 in its window but its holds were charged $0.2",
         f"member {member_id}: reserved $1 but its open holds sum to $0",
     ]
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 3, 9, 0, 0, tzinfo=UTC),  # a Monday's first instant
+        datetime(2026, 3, 8, 23, 59, 59, 999999, tzinfo=UTC),  # a Sunday's last
+        datetime(2024, 2, 29, 12, 30, 1, 5, tzinfo=UTC),
+        datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(1970, 1, 1, tzinfo=UTC),  # a Thursday
+    ],
+)
+def test_a_holds_window_starts_are_the_calendars(moment):
+    windows = budget_windows.window_parameters(moment)
+    assert windows == {
+        "day_start": unix_micros(datetime(moment.year, moment.month, moment.day, tzinfo=UTC)),
+        "week_start": unix_micros(
+            datetime(moment.year, moment.month, moment.day, tzinfo=UTC)
+            - timedelta(days=moment.weekday())
+        ),
+        "month_start": unix_micros(datetime(moment.year, moment.month, 1, tzinfo=UTC)),
+        "now_micros": unix_micros(moment),
+    }
+    assert budget_windows.from_unix_micros(windows["now_micros"]) == moment
