@@ -112,6 +112,7 @@ def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_ur
 
         # Revision 0020 makes the month a budget window: a key that last spent in an
         # earlier month starts this one at zero.
+        db.session.commit()  # the migrations take its tables' locks
         upgrade()
         keys = {key.id: key for key in db.session.scalars(select(ApiKey))}
         assert keys[limited].budget == Decimal("5") and keys[limited].budget_window == "month"
