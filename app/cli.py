@@ -18,20 +18,41 @@ import click
 from flask import Flask
 from flask.cli import AppGroup
 
-from app.accounts import keys
-from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.accounts import budgets, keys
+from app.accounts.changes import record_change
+from app.accounts.errors import (
+    AlreadyMember,
+    InvalidKeyLimits,
+    KeyNotFound,
+    LastOwner,
+    MemberNotFound,
+)
 from app.accounts.invites import create_invite
+from app.accounts.members import (
+    OPERATOR,
+    create_organisation,
+    find_member_by_email,
+    find_organisation,
+    invite_member,
+    list_members,
+    remove_member,
+)
+from app.accounts.models import ROLES
+from app.accounts.organisations import create_account, owner_membership
 from app.accounts.passwords import set_password
+from app.budgets import MONTH, WINDOWS, budget_state
 from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
     AccountExists,
     AccountNotFound,
-    create_account,
     find_account,
     find_account_or_raise,
 )
 from app.credits.errors import IdempotencyConflict
+from app.credits.models import Account
+from app.database import utcnow
+from app.extensions import db
 from app.generations.audit import audit_ledger
 from app.generations.rollups import rebuild_rollups
 from app.providers.base import Route
@@ -66,6 +87,7 @@ catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
 ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
 usage_cli = OperatorGroup("usage", help="Keep the hourly usage rollups.")
 demo_cli = OperatorGroup("demo", help="Set up the demo account of a fresh checkout.")
+orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and budgets.")
 
 DEMO_EMAIL = "demo@example.com"
 DEMO_CREDITS = Decimal("10")
@@ -109,6 +131,26 @@ class UsdLimit(click.ParamType):
             self.fail(f"{value!r} is not an amount in USD")
 
 
+class UsdOrNone(UsdLimit):
+    """A USD amount as written, or ``none``: no amount."""
+
+    def convert(self, value: object, param: object, ctx: object) -> Decimal | None:
+        """Parse ``value`` as a Decimal amount; ``none`` is None."""
+        if value is None or str(value).strip().lower() == "none":
+            return None
+        return super().convert(value, param, ctx)
+
+
+WINDOW_OPTION = click.option(
+    "--per",
+    "window",
+    type=click.Choice(WINDOWS),
+    default=MONTH,
+    show_default=True,
+    help="The budget's window: day, week (from Monday), month (UTC) or 5h (from a request).",
+)
+
+
 class ModelIds(click.ParamType):
     """A comma-separated list of model ids."""
 
@@ -130,6 +172,9 @@ def operator_errors() -> Iterator[None]:
         AccountNotFound,
         AccountExists,
         KeyNotFound,
+        MemberNotFound,
+        AlreadyMember,
+        LastOwner,
         IdempotencyConflict,
         InvalidKeyLimits,
     ) as error:
@@ -165,36 +210,84 @@ def invite_command(email: str, base_url: str) -> None:
     click.echo(f"{base_url.rstrip('/')}/invite/{token}")
 
 
+ORG_OPTION = click.option(
+    "--org", "org", help="The organisation, by id or name (instead of an account's EMAIL)."
+)
+
+
+def _organisation(org: str | None, email: str | None) -> Account:
+    """Return the organisation ``--org`` names, else the account of ``email``."""
+    if org is not None:
+        return find_organisation(org)
+    if email is None:
+        raise click.ClickException("name the account's EMAIL or an organisation with --org")
+    return find_account_or_raise(email)
+
+
 @credits_cli.command("grant")
-@click.argument("email")
-@click.argument("amount", type=USD)
+@click.argument("target", nargs=-1, required=True, metavar="[EMAIL] AMOUNT")
+@ORG_OPTION
 @click.option("--idempotency-key", help="Apply this grant once, however often it is sent.")
-def grant_command(email: str, amount: Decimal, idempotency_key: str | None) -> None:
-    """Add AMOUNT USD of credits to the account EMAIL."""
+def grant_command(target: tuple[str, ...], org: str | None, idempotency_key: str | None) -> None:
+    """Add AMOUNT USD of credits to the account EMAIL, or to the organisation --org."""
+    if len(target) != (1 if org else 2):
+        raise click.ClickException("give EMAIL and AMOUNT, or --org and AMOUNT")
+    try:
+        amount = USD.convert(target[-1], None, None)
+    except click.BadParameter as error:
+        raise click.ClickException(error.format_message()) from None
     with operator_errors():
-        account = find_account_or_raise(email)
+        account = _organisation(org, target[0] if len(target) == 2 else None)
         _, applied = ledger.grant_credits(
             account_id=account.id, amount=amount, idempotency_key=idempotency_key
         )
+        if applied:
+            record_change(None, account.id, "credits.grant", "balance", {"amount": f"{amount:f}"})
+            db.session.commit()
     state = "granted" if applied else "already granted"
-    click.echo(f"{state} ${amount:f} to {email}; balance=${account.balance:f}")
+    db.session.refresh(account)
+    whom = account.email or account.name
+    click.echo(f"{state} ${amount:f} to {whom}; balance=${account.balance:f}")
 
 
 @keys_cli.command("create")
-@click.argument("email")
+@click.argument("email", required=False)
+@ORG_OPTION
 @click.option("--name", required=True, help="A name to recognise the key by.")
 @click.option("--models", type=ModelIds(), help="Comma-separated model ids the key may use.")
 @click.option("--monthly-limit", type=UsdLimit(), help="USD the key may spend per month (UTC).")
+@click.option("--limit", type=UsdLimit(), help="USD the key may spend per window (--per).")
+@WINDOW_OPTION
 def create_key_command(
-    email: str, name: str, models: list[str] | None, monthly_limit: Decimal | None
+    email: str | None,
+    org: str | None,
+    name: str,
+    models: list[str] | None,
+    monthly_limit: Decimal | None,
+    limit: Decimal | None,
+    window: str,
 ) -> None:
-    """Issue a key for EMAIL; its value is printed once, alone on the last line."""
+    """Issue a key; its value is printed once, alone on the last line.
+
+    Without --org, the key is the account EMAIL's (its owner's). With --org, it belongs
+    to the organisation's member EMAIL, or to its owner if EMAIL is left out.
+    """
+    if limit is not None and monthly_limit is not None:
+        raise click.UsageError("give either --monthly-limit or --limit")
     with operator_errors():
-        account = find_account_or_raise(email)
+        account = _organisation(org, None if org else email)
+        member_id = find_member_by_email(account.id, email).id if org and email else None
+        budgets.checked_budget_amount(limit)  # before the key is issued: nothing half-written
         issued = keys.create_key(
-            account_id=account.id, name=name, permitted_models=models, monthly_limit=monthly_limit
+            account_id=account.id,
+            member_id=member_id,
+            name=name,
+            permitted_models=models,
+            monthly_limit=monthly_limit,
         )
-    click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email}")
+        if limit is not None:
+            budgets.set_key_budget(issued.id, amount=limit, window=window)
+    click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email or account.name}")
     click.echo(issued.value)
 
 
@@ -236,7 +329,9 @@ def list_keys_command(email: str) -> None:
     for key in rows:
         last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
         models = ",".join(key.permitted_models) if key.permitted_models is not None else "all"
-        limit = f"${key.monthly_limit:f}" if key.monthly_limit is not None else "none"
+        limit = "none" if key.budget is None else f"${key.budget:f}"
+        if key.budget is not None and key.budget_window != MONTH:
+            limit += f" a {key.budget_window}"
         click.echo(
             f"{key.id}\t{key.name}\t{key.display_prefix}...\t{key.state}\t"
             f"{key.created_at.isoformat()}\t{last_used}\t{models}\t{limit}"
@@ -323,14 +418,109 @@ def demo_setup_command() -> None:
     account = create_account(email=DEMO_EMAIL)
     ledger.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
     password = secrets.token_urlsafe(12)
-    set_password(account.id, password)
+    set_password(owner_membership(account.id).person_id, password)
     issued = keys.create_key(account_id=account.id, name="demo")
     click.echo(f"dashboard: sign in at /signin as {DEMO_EMAIL} with the password {password}")
     click.echo(f"demo account {DEMO_EMAIL} with ${DEMO_CREDITS} of credits; its API key:")
     click.echo(issued.value)
 
 
+@orgs_cli.command("create")
+@click.argument("name")
+@click.option("--owner", "owner_email", required=True, help="The owner's email.")
+@click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
+def create_organisation_command(name: str, owner_email: str, amount: Decimal | None) -> None:
+    """Create the organisation NAME owned by --owner (a new person sets a password by invite)."""
+    with operator_errors():
+        account = create_organisation(name=name, owner_email=owner_email, actor=None)
+        if amount:
+            ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
+    click.echo(f"created organisation {account.id} {account.name!r} owned by {owner_email}")
+
+
+@orgs_cli.command("invite")
+@click.argument("org")
+@click.argument("email")
+@click.option("--role", type=click.Choice(ROLES), default="member", show_default=True)
+@click.option(
+    "--base-url",
+    default=lambda: f"http://localhost:{os.environ.get('PORT', '8000')}",
+    show_default="http://localhost:$PORT",
+    help="The dashboard's address as its users reach it.",
+)
+def invite_member_command(org: str, email: str, role: str, base_url: str) -> None:
+    """Print a one-time link, valid 24 hours, by which EMAIL joins ORG (id or name)."""
+    with operator_errors():
+        account = find_organisation(org)
+        token = invite_member(account.id, OPERATOR, email=email, role=role)
+    click.echo(f"invite for {email} to {account.name} as {role}, valid 24 hours, for one use:")
+    click.echo(f"{base_url.rstrip('/')}/invite/{token}")
+
+
+@orgs_cli.command("members")
+@click.argument("org")
+def list_members_command(org: str) -> None:
+    """List ORG's members (id or name).
+
+    Member id, role, email, since when, then the budget (or none), its window and what
+    was spent in the window so far.
+    """
+    with operator_errors():
+        account = find_organisation(org)
+        rows = list_members(account.id)
+    now = utcnow()
+    for row in rows:
+        member = row.membership
+        budget = budget_state(member, now)
+        amount = "none" if budget.amount is None else f"${budget.amount:f}"
+        click.echo(
+            f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}"
+            f"\t{amount}\t{budget.window}\t${budget.spent:f}"
+        )
+
+
+@orgs_cli.command("remove")
+@click.argument("org")
+@click.argument("email")
+def remove_member_command(org: str, email: str) -> None:
+    """Remove EMAIL from ORG (id or name): their keys are revoked at once."""
+    with operator_errors():
+        account = find_organisation(org)
+        revoked = remove_member(account.id, OPERATOR, find_member_by_email(account.id, email).id)
+    click.echo(f"removed {email} from {account.name}; revoked {revoked} keys")
+
+
+@orgs_cli.command("budget")
+@click.argument("org")
+@click.argument("email", required=False)
+@click.option("--usd", "amount", type=UsdOrNone(), required=True, help="USD a window, or none.")
+@WINDOW_OPTION
+@click.option("--key", "key_id", type=int, help="Set the budget of this key of ORG instead.")
+def budget_command(
+    org: str, email: str | None, amount: Decimal | None, window: str, key_id: int | None
+) -> None:
+    """Set (or with --usd none, remove) the budget of ORG's member EMAIL, or of a key.
+
+    ORG is the organisation's id or name. A member's budget counts the spend of all
+    their keys.
+    """
+    if (email is None) == (key_id is None):
+        raise click.UsageError("name either a member's EMAIL or --key")
+    with operator_errors():
+        account = find_organisation(org)
+        if email is not None:
+            member = find_member_by_email(account.id, email)
+            budgets.set_member_budget(member.id, amount=amount, window=window)
+            subject = f"member {email}"
+        else:
+            budgets.set_key_budget(key_id, amount=amount, window=window, account_id=account.id)
+            subject = f"key {key_id}"
+    state = "no budget" if amount is None else f"${amount:f} a {window}"
+    click.echo(f"{subject} of {account.name}: {state}")
+
+
 GROUPS: tuple[AppGroup, ...] = (
+    orgs_cli,
     accounts_cli,
     credits_cli,
     keys_cli,
@@ -338,6 +528,7 @@ GROUPS: tuple[AppGroup, ...] = (
     ledger_cli,
     usage_cli,
     demo_cli,
+    orgs_cli,
 )
 
 

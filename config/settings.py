@@ -57,6 +57,11 @@ class Config:
     JSON_SORT_KEYS = False
     # Whether the dashboard lets anyone sign up; when "closed", operators invite.
     SIGNUP = "open"
+    # Where e-mail goes out (app.mail): smtp://, smtp+starttls:// or smtps://, with the
+    # user and password in the URL if the server wants them. Unset, nothing is mailed
+    # (an invite's link is shown to whoever made it instead).
+    SMTP_URL: str | None = None
+    MAIL_FROM = "gateway@localhost"
     # Dashboard sessions: the cookie is out of scripts' reach and not sent cross-site.
     SESSION_COOKIE_HTTPONLY = True
     SESSION_COOKIE_SAMESITE = "Lax"
@@ -173,6 +178,8 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("METRICS_TOKEN", "METRICS_TOKEN", str),
     ("PROXY_HOPS", "PROXY_HOPS", _hop_count),
     ("FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS", str),
+    ("SMTP_URL", "SMTP_URL", str),
+    ("MAIL_FROM", "MAIL_FROM", str),
 )
 
 

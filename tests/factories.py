@@ -8,7 +8,7 @@ from decimal import Decimal
 import factory
 
 from app.accounts.keys import IssuedKey, create_key
-from app.credits.accounts import create_account
+from app.accounts.organisations import create_account
 from app.credits.ledger import grant_credits
 from app.credits.models import Account
 

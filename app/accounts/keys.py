@@ -11,20 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from app.accounts.budgets import apply_budget, checked_budget_amount
+from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.accounts.models import Membership
+from app.accounts.organisations import owner_membership
 from app.auth.keys import DISPLAY_LENGTH, digest_key, forget_remembered_callers, generate_key
 from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
+from app.budgets import MONTH
 from app.catalog.registry import current_catalog
-from app.credits.ledger import spend_month
-from app.database import utcnow
 from app.extensions import db
-
-LIMIT_DECIMAL_PLACES = 6
-LIMIT_QUANTUM = Decimal(1).scaleb(-LIMIT_DECIMAL_PLACES)
-# Money is stored as a 64-bit count of 1e-10 USD; a limit stays well within it.
-MAX_MONTHLY_LIMIT = Decimal(100_000_000)
 
 
 @dataclass(frozen=True)
@@ -47,35 +45,68 @@ def create_key(
     *,
     account_id: int,
     name: str,
+    member_id: int | None = None,
     permitted_models: list[str] | None = None,
     monthly_limit: Decimal | None = None,
+    actor: int | None = None,
 ) -> IssuedKey:
     """Issue a new active key for the account ``account_id``, optionally limited.
 
+    The key belongs to the member ``member_id``, by default to the organisation's owner;
+    ``actor`` is the person who asked (None: the operator), for the audit log.
     :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    :raise KeyNotFound: ``member_id`` is no member of the organisation.
     """
+    member_id = _member_of_key(account_id, member_id)
     models = checked_permitted_models(permitted_models)
-    limit = checked_monthly_limit(monthly_limit)
+    limit = checked_budget_amount(monthly_limit, "the monthly limit")
     value = generate_key()
     key = ApiKey(
         account_id=account_id,
+        member_id=member_id,
         name=name,
         digest=digest_key(value),
         display_prefix=value[:DISPLAY_LENGTH],
         state=ACTIVE,
         permitted_models=models,
-        monthly_limit=limit,
-        spend_month=spend_month(utcnow()),
-        month_spent=Decimal(0),
-        month_reserved=Decimal(0),
+        budget=limit,
     )
     db.session.add(key)
+    db.session.flush()
+    _record(actor, key, "key.create", {"member_id": member_id, "monthly_limit": _text(limit)})
     db.session.commit()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
 
 
+def _record(actor: int | None, key: ApiKey, action: str, detail: dict | None = None) -> None:
+    record_change(
+        actor, key.account_id, action, f"key:{key.id}", {"name": key.name, **(detail or {})}
+    )
+
+
+def _text(amount: Decimal | None) -> str | None:
+    return None if amount is None else f"{amount:f}"
+
+
+def _member_of_key(account_id: int, member_id: int | None) -> int:
+    """Return the member a new key belongs to: ``member_id``, checked, or the owner."""
+    if member_id is None:
+        owner = owner_membership(account_id)
+        if owner is None:
+            raise KeyNotFound(f"the organisation {account_id} has no owner to hold the key")
+        return owner.id
+    member = db.session.get(Membership, member_id)
+    if member is None or member.account_id != account_id or member.removed_at is not None:
+        raise KeyNotFound(f"no member {member_id} in the organisation {account_id}")
+    return member_id
+
+
 def update_key_limits(
-    key_id: int, *, permitted_models: list[str] | None, monthly_limit: Decimal | None
+    key_id: int,
+    *,
+    permitted_models: list[str] | None,
+    monthly_limit: Decimal | None,
+    actor: int | None = None,
 ) -> ApiKey:
     """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
 
@@ -87,7 +118,7 @@ def update_key_limits(
     :raise KeyNotFound: no key has ``key_id``.
     """
     models = checked_permitted_models(permitted_models)
-    limit = checked_monthly_limit(monthly_limit)
+    limit = checked_budget_amount(monthly_limit, "the monthly limit")
     key = db.session.scalar(
         select(ApiKey).where(ApiKey.id == key_id, ApiKey.state != DELETED).with_for_update()
     )
@@ -95,7 +126,8 @@ def update_key_limits(
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
     key.permitted_models = models
-    key.monthly_limit = limit
+    apply_budget(key, limit, MONTH, [key.id])
+    _record(actor, key, "key.limits", {"permitted_models": models, "monthly_limit": _text(limit)})
     db.session.commit()
     forget_remembered_callers()
     return key
@@ -118,47 +150,29 @@ def checked_permitted_models(permitted_models: list[str] | None) -> list[str] | 
     return models
 
 
-def checked_monthly_limit(monthly_limit: Decimal | None) -> Decimal | None:
-    """Return the limit if it is a valid USD amount; raise InvalidKeyLimits otherwise."""
-    if monthly_limit is None:
-        return None
-    if isinstance(monthly_limit, bool) or not isinstance(monthly_limit, Decimal | int):
-        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
-    limit = Decimal(monthly_limit)
-    if not limit.is_finite():
-        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
-    if limit < 0:
-        raise InvalidKeyLimits(f"the monthly limit must not be negative: {limit}")
-    if limit > MAX_MONTHLY_LIMIT:
-        raise InvalidKeyLimits(f"the monthly limit must be at most {MAX_MONTHLY_LIMIT} USD")
-    if limit != limit.quantize(LIMIT_QUANTUM):
-        raise InvalidKeyLimits(
-            f"the monthly limit has more than {LIMIT_DECIMAL_PLACES} decimal places: {limit}"
-        )
-    return limit
-
-
-def rotate_key(key_id: int) -> IssuedKey:
+def rotate_key(key_id: int, actor: int | None = None) -> IssuedKey:
     """Give key ``key_id`` a new value; the old one fails at once. Raise KeyNotFound."""
     key = _find_key_or_raise(key_id)
     value = generate_key()
     key.digest = digest_key(value)
     key.display_prefix = value[:DISPLAY_LENGTH]
+    _record(actor, key, "key.rotate")
     db.session.commit()
     forget_remembered_callers()
     return IssuedKey(id=key.id, value=value, display_prefix=key.display_prefix)
 
 
-def revoke_key(key_id: int) -> ApiKey:
+def revoke_key(key_id: int, actor: int | None = None) -> ApiKey:
     """Revoke key ``key_id``: kept, but refused with 403. Raise KeyNotFound."""
     key = _find_key_or_raise(key_id)
     key.state = REVOKED
+    _record(actor, key, "key.revoke")
     db.session.commit()
     forget_remembered_callers()
     return key
 
 
-def delete_key(key_id: int) -> None:
+def delete_key(key_id: int, actor: int | None = None) -> None:
     """Delete key ``key_id`` for good: its value is unknown from now on. Raise KeyNotFound.
 
     The row stays, in state ``deleted`` and without its digest (see ``ApiKey``).
@@ -167,6 +181,7 @@ def delete_key(key_id: int) -> None:
     key.state = DELETED
     # Unique like a digest, but never the sha256 hex of a key (it has a non-hex letter).
     key.digest = f"deleted-{key.id}"
+    _record(actor, key, "key.delete")
     db.session.commit()
     forget_remembered_callers()
 
@@ -180,3 +195,16 @@ def list_keys(account_id: int) -> list[ApiKey]:
             .order_by(ApiKey.id)
         )
     )
+
+
+def stage_revoke_member_keys(member_id: int) -> int:
+    """Revoke the member's active keys in the session; return how many, for the caller to commit.
+
+    The caller tells the processes that remember callers once it committed.
+    """
+    revoked = db.session.execute(
+        update(ApiKey)
+        .where(ApiKey.member_id == member_id, ApiKey.state == ACTIVE)
+        .values(state=REVOKED)
+    )
+    return revoked.rowcount

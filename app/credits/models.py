@@ -24,7 +24,7 @@ OPEN, SETTLED, EXPIRED = "open", "settled", "expired"
 
 
 class Account(db.Model):
-    """Who pays: a balance, and the part of it held by requests in flight.
+    """An organisation, who pays: a balance, and the part of it held by requests in flight.
 
     ``balance`` always equals the sum of the account's ledger entries; ``reserved`` is the
     sum of its open holds. Both CHECKs are the last line of defence against overdraft:
@@ -38,10 +38,12 @@ class Account(db.Model):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    email: Mapped[str] = mapped_column(String(320), unique=True)
+    # The organisation's name, shown to its members; ``email`` is the holder's address of
+    # an account made before organisations (None for an organisation made since).
+    name: Mapped[str] = mapped_column(String(200))
+    email: Mapped[str | None] = mapped_column(String(320), unique=True, nullable=True)
     balance = mapped_column(Money, nullable=False, default=0)
     reserved = mapped_column(Money, nullable=False, default=0)
-    is_admin: Mapped[bool] = mapped_column(default=False)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
 
 
@@ -117,6 +119,10 @@ class Hold(db.Model):
     # A stream's record of what it delivered so far, kept by its worker: what the hold is
     # settled at if it expires (the worker died) before the stream settled it.
     progress = mapped_column(JSON, nullable=True)
+    # The starts of the key's and of its member's budget windows the hold was placed in
+    # (app.budgets): its charge counts in those windows, even if it settles in the next.
+    key_window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    member_window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 # The key a rollup of charges made without a key is filed under: rows of a unique key

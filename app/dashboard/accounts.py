@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from app.accounts.models import Membership, Person
 from app.auth.models import DELETED, ApiKey
 from app.credits.ledger import month_start
 from app.credits.models import Account, LedgerEntry
@@ -23,6 +24,7 @@ class KeyRow:
 
     key: ApiKey
     spend_this_month: Decimal
+    member_email: str
 
 
 def find_account_key(account_id: int, key_id: int) -> ApiKey | None:
@@ -34,22 +36,35 @@ def find_account_key(account_id: int, key_id: int) -> ApiKey | None:
     )
 
 
-def account_keys(account_id: int) -> list[ApiKey]:
-    """Return the account's keys (not deleted), newest first."""
-    return list(
-        db.session.scalars(
-            select(ApiKey)
-            .where(ApiKey.account_id == account_id, ApiKey.state != DELETED)
-            .order_by(ApiKey.id.desc())
-        )
-    )
+def account_keys(account_id: int, member_id: int | None = None) -> list[ApiKey]:
+    """Return the account's keys (not deleted), newest first; only a member's if named."""
+    statement = select(ApiKey).where(ApiKey.account_id == account_id, ApiKey.state != DELETED)
+    if member_id is not None:
+        statement = statement.where(ApiKey.member_id == member_id)
+    return list(db.session.scalars(statement.order_by(ApiKey.id.desc())))
 
 
-def account_key_rows(account_id: int, now: datetime) -> list[KeyRow]:
-    """Return the account's keys (not deleted), newest first, with their spend this month."""
-    keys = account_keys(account_id)
+def account_key_rows(account_id: int, now: datetime, member_id: int | None = None) -> list[KeyRow]:
+    """Return the account's keys (not deleted), newest first, with their spend this month.
+
+    Only the member's keys if ``member_id`` is given; each row names the key's member.
+    """
+    keys = account_keys(account_id, member_id)
     spend = spend_by_key_since(account_id, month_start(now.astimezone(UTC)))
-    return [KeyRow(key, spend.get(key.id, Decimal(0))) for key in keys]
+    owners = member_emails(account_id)
+    return [
+        KeyRow(key, spend.get(key.id, Decimal(0)), owners.get(key.member_id, "")) for key in keys
+    ]
+
+
+def member_emails(account_id: int) -> dict[int, str]:
+    """Return the email of each of the organisation's memberships, removed ones too, by id."""
+    rows = db.session.execute(
+        select(Membership.id, Person.email)
+        .join(Person, Person.id == Membership.person_id)
+        .where(Membership.account_id == account_id)
+    )
+    return dict(rows.all())
 
 
 def ledger_page(account_id: int, number: int) -> Page[Any]:

@@ -6,9 +6,11 @@ from collections.abc import Callable
 from functools import wraps
 from typing import ParamSpec, TypeVar
 
-from flask import abort, current_app, request
-from flask_login import current_user
+from flask import abort, current_app, redirect, request, url_for
+from flask_login import current_user, login_required
 
+from app.accounts.members import has_role
+from app.accounts.models import MEMBER
 from app.accounts.passwords import normalize_email
 
 P = ParamSpec("P")
@@ -25,6 +27,28 @@ def admin_required(view: Callable[P, R]) -> Callable[P, R]:
         return view(*args, **kwargs)
 
     return wrapped
+
+
+def role_required(needed: str = MEMBER) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Let in members of the current organisation whose role is at least ``needed``.
+
+    Strangers are sent to sign in, a person in no organisation to their organisations,
+    and a member whose role is too low gets 403. Objects of another organisation are
+    the views' to refuse, with 404.
+    """
+
+    def decorate(view: Callable[P, R]) -> Callable[P, R]:
+        @wraps(view)
+        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+            if current_user.account_id is None:
+                return redirect(url_for("dashboard.organisations"))  # type: ignore[return-value]
+            if not has_role(current_user.role, needed):
+                abort(403)
+            return view(*args, **kwargs)
+
+        return login_required(wrapped)
+
+    return decorate
 
 
 def sign_in_email() -> str:

@@ -1,40 +1,78 @@
-"""The signed-in account holder, as Flask-Login keeps them in the session cookie."""
+"""The signed-in person, as Flask-Login keeps them, and the organisation they work in.
+
+The session cookie names the person (Flask-Login) and their current organisation
+(``organisation_id``); a person who belongs to several switches between them. Every
+request reloads the membership, so a role changed or a member removed takes effect on
+their next page.
+"""
 
 from __future__ import annotations
 
 from flask import Flask, session
 from flask_login import UserMixin, login_user
 
+from app.accounts.models import Membership, Person
+from app.accounts.organisations import active_membership, memberships_of
 from app.credits.models import Account
 from app.extensions import DashboardSessionInterface, db, login_manager
 
+ORGANISATION = "organisation_id"
+
 
 class DashboardUser(UserMixin):
-    """The account a dashboard session belongs to."""
+    """The person a dashboard session belongs to, in their current organisation.
 
-    def __init__(self, account: Account) -> None:
-        self.account_id = account.id
-        self.email = account.email
-        self.is_admin = account.is_admin
+    ``account_id``, ``member_id``, ``role`` and ``organisation_name`` are None when the
+    person belongs to no organisation (every membership removed).
+    """
+
+    def __init__(self, person: Person, membership: Membership | None) -> None:
+        self.person_id = person.id
+        self.email = person.email
+        self.is_admin = person.is_admin
+        self.account_id = membership.account_id if membership else None
+        self.member_id = membership.id if membership else None
+        self.role = membership.role if membership else None
+        account = db.session.get(Account, membership.account_id) if membership else None
+        self.organisation_name = account.name if account else None
 
     def get_id(self) -> str:
-        """Return what the session cookie records: the account's id."""
-        return str(self.account_id)
+        """Return what the session cookie records: the person's id."""
+        return str(self.person_id)
+
+
+def current_membership(person_id: int) -> Membership | None:
+    """Return the membership of the session's organisation, else the person's first one."""
+    chosen = session.get(ORGANISATION)
+    if isinstance(chosen, int):
+        membership = active_membership(person_id, chosen)
+        if membership is not None:
+            return membership
+    memberships = memberships_of(person_id)
+    return memberships[0][0] if memberships else None
 
 
 def load_user(user_id: str) -> DashboardUser | None:
-    """Return the session's holder, or None if the account is gone."""
+    """Return the session's person, or None if they are gone."""
     try:
-        account = db.session.get(Account, int(user_id))
+        person = db.session.get(Person, int(user_id))
     except ValueError:
         return None
-    return DashboardUser(account) if account else None
+    return DashboardUser(person, current_membership(person.id)) if person else None
 
 
-def start_session(account: Account) -> None:
-    """Sign ``account`` in with a fresh session, so no earlier session state carries over."""
+def start_session(person: Person) -> None:
+    """Sign ``person`` in with a fresh session, so no earlier session state carries over."""
     session.clear()
-    login_user(DashboardUser(account))
+    login_user(DashboardUser(person, current_membership(person.id)))
+
+
+def switch_organisation(person_id: int, account_id: int) -> Account | None:
+    """Make ``account_id`` the session's organisation; None if the person is no member."""
+    if active_membership(person_id, account_id) is None:
+        return None
+    session[ORGANISATION] = account_id
+    return db.session.get(Account, account_id)
 
 
 def init_sessions(app: Flask) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, Select, String, case, func, select, type_coerce
 
+from app.accounts.models import Membership, Person
 from app.auth.models import DELETED, ApiKey
 from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, UsageRollup
@@ -35,12 +36,16 @@ CSV_BATCH = 1000
 
 @dataclass(frozen=True)
 class UsageFilter:
-    """Which generations to show: by key, model, and UTC dates (both inclusive)."""
+    """Which generations to show: by key, model, and UTC dates (both inclusive).
+
+    ``key_ids`` narrows everything to those keys (a member sees only their own).
+    """
 
     key_id: int | None = None
     model: str | None = None
     since: date | None = None
     until: date | None = None
+    key_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ def _conditions(
     conditions = []
     if usage.key_id is not None:
         conditions.append(key == usage.key_id)
+    if usage.key_ids is not None:
+        conditions.append(key.in_(usage.key_ids))
     if usage.model:
         conditions.append(model == usage.model)
     if usage.since:
@@ -199,7 +206,32 @@ def totals_by_key(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
     return _totals(statement, account_id, usage, UsageRollup.api_key_id, KEY_NAME)
 
 
-def daily_spend(account_id: int, *, days: int, today: date) -> dict[tuple[date, str], Decimal]:
+def totals_by_member(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
+    """Return requests, tokens and cost per member (by their keys' rollups), costliest first.
+
+    A removed member's spend stays theirs; charges made without a key are together.
+    """
+    label = func.coalesce(Person.email, "(no key)")
+    statement = (
+        select(label)
+        .select_from(UsageRollup)
+        .outerjoin(ApiKey, ApiKey.id == UsageRollup.api_key_id)
+        .outerjoin(Membership, Membership.id == ApiKey.member_id)
+        .outerjoin(Person, Person.id == Membership.person_id)
+    )
+    return _totals(statement, account_id, usage, Person.email)
+
+
+def member_key_ids(member_id: int) -> tuple[int, ...]:
+    """Return the ids of every key the member ever had, deleted ones too."""
+    ids = tuple(db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)))
+    db.session.commit()
+    return ids
+
+
+def daily_spend(
+    account_id: int, *, days: int, today: date, key_ids: tuple[int, ...] | None = None
+) -> dict[tuple[date, str], Decimal]:
     """Return the cost per (UTC day, model) over the ``days`` days ending ``today``."""
     first = today - timedelta(days=days - 1)
     # SQLite's date() answers text, PostgreSQL's a date: both print as YYYY-MM-DD.
@@ -207,7 +239,7 @@ def daily_spend(account_id: int, *, days: int, today: date) -> dict[tuple[date, 
     statement = _rolled_up(
         select(day, UsageRollup.model, func.sum(UsageRollup.cost)),
         account_id,
-        UsageFilter(since=first, until=today),
+        UsageFilter(since=first, until=today, key_ids=key_ids),
     ).group_by(day, UsageRollup.model)
     spend = {
         (date.fromisoformat(str(row[0])[:10]), row[1]): row[2]

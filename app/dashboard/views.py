@@ -24,14 +24,19 @@ from flask import (
 )
 from flask_login import current_user, login_required, logout_user
 from flask_wtf.csrf import CSRFError
-from werkzeug.exceptions import NotFound
+from werkzeug.exceptions import Forbidden, NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from app.accounts import keys
+from app.accounts.budgets import set_key_budget
+from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
-from app.accounts.invites import InviteInvalid, accept_invite, find_invited_account
+from app.accounts.invites import InviteInvalid, accept_invite, find_open_invite
+from app.accounts.members import has_role
+from app.accounts.models import ADMIN
 from app.accounts.passwords import WeakPassword, authenticate, register_account
 from app.auth.models import ApiKey
+from app.budgets import MONTH
 from app.catalog.registry import current_catalog
 from app.credits.accounts import AccountExists
 from app.credits.errors import IdempotencyConflict
@@ -50,6 +55,7 @@ from app.dashboard.forms import (
 from app.dashboard.pages import Cursor
 from app.dashboard.security import (
     admin_required,
+    role_required,
     sign_in_address,
     sign_in_email,
     sign_in_limit_per_address,
@@ -57,7 +63,7 @@ from app.dashboard.security import (
 )
 from app.dashboard.session import start_session
 from app.database import utcnow
-from app.extensions import API_PREFIX, csrf
+from app.extensions import API_PREFIX, csrf, db
 from app.money import usd_text
 from app.ratelimits import RateLimitExceeded, limiter
 
@@ -114,6 +120,13 @@ def not_found(error: NotFound) -> tuple[str, int]:
     return render_template("dashboard/error.html", title="Not found", message=message), 404
 
 
+@bp.errorhandler(Forbidden)
+def forbidden(error: Forbidden) -> tuple[str, int]:
+    """Answer 403 with a page: the member's role does not allow this."""
+    message = "Your role in this organisation does not allow this. Ask an admin or owner."
+    return render_template("dashboard/error.html", title="Not allowed", message=message), 403
+
+
 @bp.errorhandler(RateLimitExceeded)
 def too_many_requests(error: RateLimitExceeded) -> tuple[str, int]:
     """Answer 429: on the sign-in page for sign-in attempts, on an error page otherwise."""
@@ -138,13 +151,13 @@ def sign_up() -> BaseResponse | str | tuple[str, int]:
     form = SignUpForm()
     if form.validate_on_submit():
         try:
-            account = register_account(email=form.email.data, password=form.password.data)
+            person = register_account(email=form.email.data, password=form.password.data)
         except AccountExists as error:
             form.email.errors.append(str(error))
         except WeakPassword as error:
             form.password.errors.append(str(error))
         else:
-            start_session(account)
+            start_session(person)
             return redirect(url_for(".list_keys"))
     return render_template("dashboard/sign_up.html", form=form), 400 if form.errors else 200
 
@@ -159,9 +172,9 @@ def sign_in() -> BaseResponse | str | tuple[str, int]:
     """Sign in with email and password; one message for whatever was wrong."""
     form = SignInForm()
     if form.validate_on_submit():
-        account = authenticate(form.email.data, form.password.data)
-        if account is not None:
-            start_session(account)
+        person = authenticate(form.email.data, form.password.data)
+        if person is not None:
+            start_session(person)
             return redirect(_safe_next(request.args.get("next")))
         flash("Incorrect email or password.", "error")
         return render_template("dashboard/sign_in.html", form=form), 401
@@ -187,21 +200,21 @@ def sign_out() -> BaseResponse:
 def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
     """Let an invited holder set a password, once, within 24 hours."""
     try:
-        account = find_invited_account(token)
+        invite = find_open_invite(token)
     except InviteInvalid as error:
         return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
     form = SetPasswordForm()
     if form.validate_on_submit():
         try:
-            account = accept_invite(token, form.password.data)
+            person = accept_invite(token, form.password.data)
         except InviteInvalid as error:
             return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
         except WeakPassword as error:
             form.password.errors.append(str(error))
         else:
-            start_session(account)
+            start_session(person)
             return redirect(url_for(".list_keys"))
-    page = render_template("dashboard/invite.html", form=form, email=account.email)
+    page = render_template("dashboard/invite.html", form=form, invite=invite)
     return page, 400 if form.errors else 200
 
 
@@ -209,13 +222,26 @@ def _model_choices() -> list[tuple[str, str]]:
     return [(model.id, model.id) for model in current_catalog().list()]
 
 
+def _sees_every_key() -> bool:
+    """Whether the signed-in member manages every member's keys (an admin or owner)."""
+    return has_role(current_user.role, ADMIN)
+
+
+def _own_member_id() -> int | None:
+    """Return the member whose keys alone the signed-in member sees; None: they see all."""
+    return None if _sees_every_key() else current_user.member_id
+
+
 def _keys_page(form: CreateKeyForm, status: int = 200) -> tuple[str, int]:
-    rows = accounts.account_key_rows(current_user.account_id, utcnow())
-    return render_template("dashboard/keys.html", rows=rows, form=form), status
+    rows = accounts.account_key_rows(current_user.account_id, utcnow(), _own_member_id())
+    page = render_template(
+        "dashboard/keys.html", rows=rows, form=form, every_member=_sees_every_key()
+    )
+    return page, status
 
 
 @bp.get("/keys")
-@login_required
+@role_required()
 def list_keys() -> tuple[str, int]:
     """List the account's keys, with the form to create one."""
     form = CreateKeyForm()
@@ -224,7 +250,7 @@ def list_keys() -> tuple[str, int]:
 
 
 @bp.post("/keys")
-@login_required
+@role_required()
 def create_key() -> tuple[str, int]:
     """Create a named key and show its value, this once."""
     form = CreateKeyForm()
@@ -234,10 +260,13 @@ def create_key() -> tuple[str, int]:
     try:
         issued = keys.create_key(
             account_id=current_user.account_id,
+            member_id=current_user.member_id,
             name=form.name.data.strip(),
             permitted_models=form.permitted_models.models,
             monthly_limit=form.monthly_limit.amount,
+            actor=current_user.person_id,
         )
+        _set_limit_window(issued.id, form)
     except InvalidKeyLimits as error:
         form.permitted_models.errors.append(str(error))
         return _keys_page(form, 400)
@@ -247,40 +276,43 @@ def create_key() -> tuple[str, int]:
 
 
 def _owned_key_or_404(key_id: int) -> ApiKey:
+    """Return the organisation's key: 404 if it is another's, 403 if another member's."""
     key = accounts.find_account_key(current_user.account_id, key_id)
     if key is None:
         abort(404)
+    if key.member_id != current_user.member_id and not _sees_every_key():
+        abort(403)
     return key
 
 
 @bp.get("/keys/<int:key_id>/rotate")
-@login_required
+@role_required()
 def confirm_rotate(key_id: int) -> str:
     """Ask before rotating: the old value stops working at once."""
     return render_template("dashboard/confirm.html", key=_owned_key_or_404(key_id), action="Rotate")
 
 
 @bp.post("/keys/<int:key_id>/rotate")
-@login_required
+@role_required()
 def rotate_key(key_id: int) -> str:
     """Give the key a new value, shown this once; the old one fails at once."""
     key = _owned_key_or_404(key_id)
-    issued = keys.rotate_key(key.id)
+    issued = keys.rotate_key(key.id, actor=current_user.person_id)
     return render_template("dashboard/key_value.html", key=key, value=issued.value, rotated=True)
 
 
 @bp.post("/keys/<int:key_id>/revoke")
-@login_required
+@role_required()
 def revoke_key(key_id: int) -> BaseResponse:
     """Revoke the key: kept and listed, but refused."""
     key = _owned_key_or_404(key_id)
-    keys.revoke_key(key.id)
+    keys.revoke_key(key.id, actor=current_user.person_id)
     flash(f"Revoked the key {key.name}.", "success")
     return redirect(url_for(".list_keys"))
 
 
 @bp.route("/keys/<int:key_id>/edit", methods=["GET", "POST"])
-@login_required
+@role_required()
 def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
     """Change the models a key may use and its monthly spend limit."""
     key = _owned_key_or_404(key_id)
@@ -292,7 +324,9 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
                 key.id,
                 permitted_models=form.permitted_models.models,
                 monthly_limit=form.monthly_limit.amount,
+                actor=current_user.person_id,
             )
+            _set_limit_window(key.id, form)
         except InvalidKeyLimits as error:
             form.permitted_models.errors.append(str(error))
         else:
@@ -302,34 +336,46 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
     return render_template("dashboard/key_edit.html", key=key, form=form), status
 
 
+def _set_limit_window(key_id: int, form: KeyLimitsForm) -> None:
+    """Count the key's limit in the window chosen (the month is the limit's own)."""
+    if form.limit_window.data != MONTH:
+        set_key_budget(
+            key_id,
+            amount=form.monthly_limit.amount,
+            window=form.limit_window.data,
+            actor=current_user.person_id,
+        )
+
+
 def _limits_data(key: ApiKey) -> dict[str, object]:
-    limit = key.monthly_limit
+    limit = key.budget
     return {
         "permitted_models": key.permitted_models or [],
         "monthly_limit": "" if limit is None else f"{limit.normalize():f}",
+        "limit_window": key.budget_window,
     }
 
 
 @bp.get("/keys/<int:key_id>/delete")
-@login_required
+@role_required()
 def confirm_delete(key_id: int) -> str:
     """Ask before deleting: it cannot be undone."""
     return render_template("dashboard/confirm.html", key=_owned_key_or_404(key_id), action="Delete")
 
 
 @bp.post("/keys/<int:key_id>/delete")
-@login_required
+@role_required()
 def delete_key(key_id: int) -> BaseResponse:
     """Delete the key for good."""
     key = _owned_key_or_404(key_id)
     name = key.name
-    keys.delete_key(key.id)
+    keys.delete_key(key.id, actor=current_user.person_id)
     flash(f"Deleted the key {name}.", "success")
     return redirect(url_for(".list_keys"))
 
 
 @bp.get("/balance")
-@login_required
+@role_required(ADMIN)
 def balance() -> str:
     """Show the balance, the credit held by running requests, and the ledger."""
     account = accounts.find_account(current_user.account_id)
@@ -344,20 +390,22 @@ def _usage_filter() -> usage.UsageFilter:
         except ValueError:
             return None
 
+    own = _own_member_id()
     return usage.UsageFilter(
         key_id=request.args.get("key", type=int),
         model=request.args.get("model") or None,
         since=day("from"),
         until=day("to"),
+        key_ids=None if own is None else usage.member_key_ids(own),
     )
 
 
 @bp.get("/usage")
-@login_required
+@role_required()
 def usage_page() -> str:
     """Show daily spend per model, totals per model and key, and the generations."""
     account_id, chosen, today = current_user.account_id, _usage_filter(), utcnow().date()
-    spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today)
+    spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today, key_ids=chosen.key_ids)
     totalled = usage.with_dates(chosen, days=CHART_DAYS, today=today)
     by_model = usage.totals_by_model(account_id, totalled)
     used = {total.label for total in by_model} | {chosen.model} - {None}
@@ -368,13 +416,14 @@ def usage_page() -> str:
         totalled=totalled,
         by_model=by_model,
         by_key=usage.totals_by_key(account_id, totalled),
+        by_member=usage.totals_by_member(account_id, totalled) if _sees_every_key() else None,
         page=usage.generations_page(
             account_id,
             chosen,
             before=Cursor.parse(request.args.get("before")),
             after=Cursor.parse(request.args.get("after")),
         ),
-        keys=accounts.account_keys(account_id),
+        keys=accounts.account_keys(account_id, _own_member_id()),
         models=sorted(used | {model for model, _ in _model_choices()}),
         filter_args={k: v for k, v in request.args.items() if k not in PAGING_ARGS and v},
     )
@@ -424,7 +473,7 @@ def _csv_row(row: Any, names: dict[int, str]) -> tuple[object, ...]:
 
 
 @bp.get("/usage.csv")
-@login_required
+@role_required()
 def usage_csv() -> Response:
     """Export the filtered generations as CSV."""
     body = stream_with_context(_csv_lines(current_user.account_id, _usage_filter()))
@@ -480,6 +529,10 @@ def grant(account_id: int) -> BaseResponse | tuple[str, int]:
         )
     except IdempotencyConflict:
         applied = False
+    if applied:
+        detail = {"amount": f"{form.amount.amount:f}", "note": form.note.data or None}
+        record_change(current_user.person_id, account.id, "credits.grant", "balance", detail)
+        db.session.commit()
     state = "Granted" if applied else "Already granted"
-    flash(f"{state} ${form.amount.amount:f} to {account.email}.", "success")
+    flash(f"{state} ${form.amount.amount:f} to {account.name}.", "success")
     return redirect(url_for(".admin_accounts"))

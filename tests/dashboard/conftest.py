@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from flask.testing import FlaskClient
 
+from app.accounts.organisations import memberships_of
 from app.accounts.passwords import register_account
 from app.credits.ledger import grant_credits
 
@@ -80,7 +81,8 @@ def make_holder(app, credits: Decimal = Decimal("5")) -> tuple[int, str]:
     """Create an account that signs in with PASSWORD; return its id and email."""
     email = new_email()
     with app.app_context():
-        account = register_account(email=email, password=PASSWORD)
+        person = register_account(email=email, password=PASSWORD)
+        account = memberships_of(person.id)[0][1]
         if credits:
             grant_credits(account_id=account.id, amount=credits, description="test")
         return account.id, email
@@ -91,6 +93,11 @@ def new_client(app) -> FlaskClient:
     client = app.test_client()
     client.environ_base["REMOTE_ADDR"] = f"10.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}.9"
     return client
+
+
+def post_form(client: FlaskClient, page: str, path: str, data: dict):
+    """Post ``data`` to ``path`` with the CSRF token of the form on ``page``."""
+    return client.post(path, data={"csrf_token": csrf_token(client.get(page).text), **data})
 
 
 def sign_in(client: FlaskClient, email: str, password: str = PASSWORD):

@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 import requests
 
-from app.accounts.passwords import find_account_by_email
+from app.credits.accounts import find_account_or_raise
 from app.credits.ledger import grant_credits
 from app.dashboard.formatting import format_usd
 from tests.dashboard.conftest import PASSWORD, new_email
@@ -79,7 +79,7 @@ def test_a_holder_manages_keys_and_sees_their_usage_in_the_browser(
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     email = sign_up(page, url)
     with app.app_context():
-        grant_credits(account_id=find_account_by_email(email).id, amount=Decimal("5"))
+        grant_credits(account_id=find_account_or_raise(email).id, amount=Decimal("5"))
     answered: list[Decimal] = []
 
     first = create_key(page, "browser key")

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from app import create_app
 from app.accounts.keys import create_key
-from app.accounts.models import AccountPassword
+from app.accounts.models import Person
 from app.auth.models import ApiKey
 from app.credits.ledger import grant_credits
 from app.credits.models import Account, LedgerEntry
@@ -24,6 +24,7 @@ from tests.dashboard.conftest import (
     new_client,
     new_email,
     new_key_value,
+    post_form,
     sign_in,
 )
 
@@ -32,9 +33,9 @@ def key_state(app, key_id: int) -> tuple | None:
     """The key's row as the database has it, or None if it is gone."""
     with app.app_context():
         row = db.session.execute(
-            select(
-                ApiKey.state, ApiKey.digest, ApiKey.permitted_models, ApiKey.monthly_limit
-            ).where(ApiKey.id == key_id)
+            select(ApiKey.state, ApiKey.digest, ApiKey.permitted_models, ApiKey.budget).where(
+                ApiKey.id == key_id
+            )
         ).first()
         return tuple(row) if row else None
 
@@ -162,10 +163,6 @@ def test_a_revoke_without_its_csrf_token_is_a_400_and_the_key_stays_active(app, 
     assert key_state(app, issued.id)[0] == "active"
 
 
-def post_form(client, page: str, path: str, data: dict):
-    return client.post(path, data={"csrf_token": csrf_token(client.get(page).text), **data})
-
-
 @pytest.mark.parametrize(
     "data, message",
     [
@@ -200,7 +197,7 @@ def test_a_key_is_created_with_its_limits_and_shown_once(app, holder_client):
     assert value not in listing and value[:12] in listing
     with app.app_context():
         key = db.session.scalar(select(ApiKey).where(ApiKey.account_id == account_id))
-        assert key.permitted_models == ["dev-chat-mini"] and key.monthly_limit == Decimal("2.5")
+        assert key.permitted_models == ["dev-chat-mini"] and key.budget == Decimal("2.5")
 
 
 def test_editing_limits_saves_them_or_changes_nothing(app, holder_client):
@@ -304,8 +301,7 @@ def test_a_signed_up_account_keeps_only_an_argon2id_hash(app):
     signed_up = post_form(client, "/signup", "/signup", {"email": email, "password": PASSWORD})
     assert signed_up.status_code == 302 and client.get("/keys").status_code == 200
     with app.app_context():
-        account = db.session.scalar(select(Account).where(Account.email == email))
-        stored = db.session.get(AccountPassword, account.id).password_hash
+        stored = db.session.scalar(select(Person.password_hash).where(Person.email == email))
     assert stored.startswith("$argon2id$") and PASSWORD not in stored
 
 
@@ -337,7 +333,7 @@ def test_an_operator_grants_once_however_often_the_form_is_sent(app):
     admin_id, admin_email = make_holder(app)
     holder_id, holder_email = make_holder(app, credits=Decimal(0))
     with app.app_context():
-        db.session.get(Account, admin_id).is_admin = True
+        db.session.scalar(select(Person).where(Person.email == admin_email)).is_admin = True
         db.session.commit()
     client = new_client(app)
     sign_in(client, admin_email)

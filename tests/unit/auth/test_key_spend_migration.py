@@ -5,22 +5,23 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from flask_migrate import upgrade
-from sqlalchemy import column, insert, table, update
+from sqlalchemy import column, insert, select, table, update
 
 from app import create_app
-from app.accounts.keys import create_key
+from app.accounts.models import Membership
 from app.auth.models import ApiKey
-from app.credits.accounts import create_account
-from app.credits.ledger import month_start, spend_month
+from app.budgets import unix_micros
+from app.credits.ledger import month_start
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG, _fresh_postgres_database
+from tests.previous_release import API_KEYS_AT_0018, insert_account, insert_key
 
 
 @pytest.fixture
@@ -76,29 +77,53 @@ def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_ur
     )
     with app.app_context():
         upgrade(revision="0007")
-        account = create_account(email=f"{uuid.uuid4().hex}@example.com")
-        unlimited = create_key(account_id=account.id, name="unlimited")
-        limited = create_key(account_id=account.id, name="limited", monthly_limit=Decimal("5"))
-        idle = create_key(account_id=account.id, name="idle")
+        account_id = insert_account(f"{uuid.uuid4().hex}@example.com")
+        unlimited, _ = insert_key(account_id, "unlimited")
+        limited, _ = insert_key(account_id, "limited", monthly_limit=Decimal("5"))
+        idle, _ = insert_key(account_id, "idle")
         now = utcnow()
-        for key_id in (unlimited.id, limited.id):
-            charge(account.id, key_id, "0.25", now)
-            charge(account.id, key_id, "7", month_start(now) - timedelta(seconds=1))
+        for key_id in (unlimited, limited):
+            charge(account_id, key_id, "0.25", now)
+            charge(account_id, key_id, "7", month_start(now) - timedelta(seconds=1))
         # The limited key's row was kept by the ledger: the migration leaves it alone.
         db.session.execute(
-            update(ApiKey).where(ApiKey.id == limited.id).values(month_spent=Decimal("0.5"))
+            update(API_KEYS_AT_0018)
+            .where(API_KEYS_AT_0018.c.id == limited)
+            .values(month_spent=Decimal("0.5"))
         )
-        db.session.execute(update(ApiKey).values(spend_month=spend_month(now) - 1))
+        db.session.execute(update(API_KEYS_AT_0018).values(spend_month=spend_month(now) - 1))
         db.session.commit()
 
         upgrade(revision="0008")
 
-        rows = {key.id: key for key in db.session.query(ApiKey)}
-        assert rows[unlimited.id].month_spent == Decimal("0.25")
-        assert rows[unlimited.id].spend_month == spend_month(now)
-        assert rows[idle.id].month_spent == 0
-        assert rows[idle.id].spend_month == spend_month(now)
-        assert rows[limited.id].month_spent == Decimal("0.5")
-        assert rows[limited.id].spend_month == spend_month(now) - 1
+        columns = API_KEYS_AT_0018.c
+        rows = {
+            row.id: row
+            for row in db.session.execute(
+                select(columns.id, columns.month_spent, columns.spend_month)
+            )
+        }
+        assert rows[unlimited].month_spent == Decimal("0.25")
+        assert rows[unlimited].spend_month == spend_month(now)
+        assert rows[idle].month_spent == 0
+        assert rows[idle].spend_month == spend_month(now)
+        assert rows[limited].month_spent == Decimal("0.5")
+        assert rows[limited].spend_month == spend_month(now) - 1
+
+        # Revision 0020 makes the month a budget window: a key that last spent in an
+        # earlier month starts this one at zero.
+        db.session.commit()  # the migrations take its tables' locks
+        upgrade()
+        keys = {key.id: key for key in db.session.scalars(select(ApiKey))}
+        assert keys[limited].budget == Decimal("5") and keys[limited].budget_window == "month"
+        assert keys[limited].window_spent == 0 and keys[unlimited].window_spent == Decimal("0.25")
+        assert {key.window_start for key in keys.values()} == {unix_micros(month_start(now))}
+        members = db.session.execute(select(Membership.window_spent, Membership.budget)).all()
+        assert members == [(Decimal("0.25"), None)]
         db.session.remove()
         db.engine.dispose()
+
+
+def spend_month(moment: datetime) -> int:
+    """The calendar month (UTC) of ``moment`` as revision 0008 keeps it, ``YYYYMM``."""
+    return moment.year * 100 + moment.month

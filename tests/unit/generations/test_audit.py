@@ -36,8 +36,11 @@ def settle_generation(account_id, key_id, created_at, completion_tokens=1000):
     """
     price = Decimal("1.5")
     cost = cost_of(Usage(completion_tokens=completion_tokens), Pricing(0, price, 0, 0))
-    held = place_hold(account_id=account_id, amount=cost, ttl_seconds=60, key_id=key_id)
     generation_id = f"gen-{uuid.uuid4().hex}"
+    # A generation's hold takes its id, as the generation core places it.
+    held = place_hold(
+        account_id=account_id, amount=cost, ttl_seconds=60, key_id=key_id, hold_id=generation_id
+    )
     record = {
         **DEFAULTS,
         "id": generation_id,

@@ -1,0 +1,115 @@
+"""An organisation in real headless Chromium against the real gunicorn server.
+
+An owner invites an admin and a member; the member creates a key, uses it, and sees
+their own usage but not the others'; the owner sees usage per member. Each person has a
+browser context of their own. The wide tables must fit a 1280 px window: their last
+column and buttons are checked to lie inside it. Screenshots land in test-artifacts/.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from app.credits.accounts import find_account_or_raise
+from app.credits.ledger import grant_credits
+from tests.dashboard.conftest import PASSWORD, new_email
+from tests.dashboard.test_browser import ask, create_key, sign_up
+
+WIDTH = 1280
+
+
+@pytest.fixture
+def person(browser):
+    """Open browser contexts, one per person, 1280 px wide; closed after the test."""
+    contexts = []
+
+    def open_page():
+        context = browser.new_context(viewport={"width": WIDTH, "height": 900})
+        context.set_default_timeout(15_000)
+        contexts.append(context)
+        return context.new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def invite(page, url: str, email: str, role: str) -> str:
+    """Invite ``email`` with ``role`` from the members page; return the link shown once."""
+    page.goto(f"{url}/members")
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Role", exact=True).select_option(role)
+    page.get_by_role("button", name="Invite").click()
+    return page.get_by_role("textbox", name="Invite link").input_value()
+
+
+def accept(page, link: str) -> None:
+    """Open an invite link as a new person, set the password, land on the keys page."""
+    page.goto(link)
+    page.get_by_role("textbox", name="Password").fill(PASSWORD)
+    page.get_by_role("button", name="Save").click()
+    page.get_by_role("heading", name="API keys").wait_for()
+
+
+def assert_inside_window(locator) -> None:
+    """Every element of ``locator`` ends left of the window's right edge."""
+    for index in range(locator.count()):
+        box = locator.nth(index).bounding_box()
+        assert box is not None and box["x"] + box["width"] <= WIDTH, box
+
+
+def test_an_owner_invites_and_each_member_sees_what_their_role_allows(
+    app, live_server, person, artifacts
+):
+    url = live_server.url
+    owner = person()
+    owner_email = sign_up(owner, url)
+    with app.app_context():
+        grant_credits(account_id=find_account_or_raise(owner_email).id, amount=Decimal("5"))
+
+    admin_email, member_email = new_email(), new_email()
+    admin_link = invite(owner, url, admin_email, "admin")
+    owner.screenshot(path=str(artifacts / "org-invite-link.png"), full_page=True)
+    member_link = invite(owner, url, member_email, "member")
+    admin, member = person(), person()
+    accept(admin, admin_link)
+    accept(member, member_link)
+
+    member_key = create_key(member, "member laptop")
+    assert ask(url, member_key).status_code == 200
+    owner_key = create_key(owner, "owner server")
+    assert ask(url, owner_key).status_code == 200
+    admin_key = create_key(admin, "admin ci")
+    assert ask(url, admin_key).status_code == 200
+
+    member.get_by_role("link", name="Usage").click()
+    assert member.get_by_role("cell", name="member laptop").count() >= 1
+    assert member.get_by_role("cell", name="owner server").count() == 0
+    assert member.get_by_role("heading", name="Per member").count() == 0
+    assert member.get_by_role("link", name="Members").count() == 0
+    member.screenshot(path=str(artifacts / "org-member-usage.png"), full_page=True)
+
+    owner.get_by_role("link", name="Usage").click()
+    per_member = owner.get_by_role("region", name="Per member")
+    for email in (owner_email, admin_email, member_email):
+        assert per_member.get_by_role("cell", name=email).count() == 1, email
+    assert_inside_window(owner.locator("table.generations th:last-child"))
+    owner.screenshot(path=str(artifacts / "org-owner-usage.png"), full_page=True)
+
+    owner.get_by_role("link", name="Keys", exact=True).click()
+    for name in ("member laptop", "owner server", "admin ci"):
+        assert owner.get_by_role("cell", name=name, exact=True).count() == 1
+    assert_inside_window(owner.get_by_role("button", name="Revoke"))
+    assert_inside_window(owner.get_by_role("button", name="Delete"))
+    owner.screenshot(path=str(artifacts / "org-owner-keys.png"), full_page=True)
+
+    owner.get_by_role("link", name="Members").click()
+    assert owner.get_by_role("cell", name=member_email, exact=True).count() == 1
+    owner.get_by_role("button", name=f"Remove {member_email}").click()
+    assert ask(url, member_key).status_code == 403, "a removed member's key stops at once"
+    owner.screenshot(path=str(artifacts / "org-members.png"), full_page=True)
+    owner.get_by_role("link", name="Changes").click()
+    assert owner.get_by_role("cell", name="member.remove").count() == 1
+    owner.screenshot(path=str(artifacts / "org-changes.png"), full_page=True)

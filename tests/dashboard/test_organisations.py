@@ -1,0 +1,335 @@
+"""Organisations over HTTP: invites, roles checked on every page and form, removal, switching.
+
+Each person drives the dashboard with a client of their own, as in a browser; the API
+is called with the keys they create.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email import message_from_bytes
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import select
+
+from app.accounts.models import Change, Membership, Person
+from app.auth.keys import digest_key
+from app.auth.models import ApiKey
+from app.extensions import db
+from tests.conftest import _free_port
+from tests.dashboard.conftest import (
+    PASSWORD,
+    csrf_token,
+    make_holder,
+    new_client,
+    new_email,
+    new_key_value,
+    post_form,
+    sign_in,
+)
+
+CHAT = {"model": "dev-chat", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+@dataclass
+class Member:
+    """A person signed in to the organisation, with their client."""
+
+    client: FlaskClient
+    email: str
+    member_id: int = 0
+
+
+def member_id_of(client: FlaskClient, email: str) -> int:
+    """Return the id of ``email``'s membership of the organisation ``client`` works in."""
+    with client.application.app_context():
+        account_id = db.session.scalar(
+            select(Membership.account_id)
+            .join(Person, Person.id == Membership.person_id)
+            .where(Person.email == client.signed_in_as)
+            .order_by(Membership.id)
+            .limit(1)
+        )
+        return db.session.scalar(
+            select(Membership.id)
+            .join(Person, Person.id == Membership.person_id)
+            .where(Person.email == email, Membership.account_id == account_id)
+        )
+
+
+def invite(inviter: FlaskClient, email: str, role: str):
+    """Invite ``email`` with ``role``; return the response."""
+    return post_form(inviter, "/members", "/members", {"email": email, "role": role})
+
+
+def invited(app, inviter: FlaskClient, role: str) -> Member:
+    """Invite a new person, who opens the link and sets a password; return them signed in."""
+    email = new_email()
+    shown = invite(inviter, email, role)
+    assert shown.status_code == 201, shown.text
+    link = re.search(r'id="invite-link" value="([^"]+)"', shown.text).group(1)
+    path = link.removeprefix("http://localhost")
+    client = new_client(app)
+    assert "Set your password" in client.get(path).text
+    assert post_form(client, path, path, {"password": PASSWORD}).status_code == 302
+    client.signed_in_as = email
+    return Member(client, email, member_id_of(inviter, email))
+
+
+def signed_in(app, email: str) -> FlaskClient:
+    """A client signed in as ``email``, which remembers whom it is signed in as."""
+    client = new_client(app)
+    assert sign_in(client, email).status_code == 302
+    client.signed_in_as = email
+    return client
+
+
+@pytest.fixture
+def team(app):
+    """An owner with $5, an admin and a member they invited."""
+    _, owner_email = make_holder(app)
+    owner = signed_in(app, owner_email)
+    admin = invited(app, owner, "admin")
+    member = invited(app, owner, "member")
+    return Member(owner, owner_email), admin, member
+
+
+def create_key(client: FlaskClient, name: str) -> tuple[int, str]:
+    """Create a key from the keys page; return its id and value."""
+    created = post_form(client, "/keys", "/keys", {"name": name})
+    assert created.status_code == 201, created.text
+    value = new_key_value(created.text)
+    with client.application.app_context():
+        key_id = db.session.scalar(select(ApiKey.id).where(ApiKey.digest == digest_key(value)))
+    return key_id, value
+
+
+def ask(app, key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    return app.test_client().post("/v1/chat/completions", json=CHAT, headers=headers).status_code
+
+
+def test_a_member_sees_only_their_own_keys_and_usage(app, team):
+    owner, admin, member = team
+    owner_key = create_key(owner.client, "owner-key")
+    member_key = create_key(member.client, "member-key")
+    assert ask(app, owner_key[1]) == 200 and ask(app, member_key[1]) == 200
+
+    keys_page = member.client.get("/keys").text
+    assert "member-key" in keys_page and "owner-key" not in keys_page
+    usage = member.client.get("/usage").text
+    assert "member-key" in usage and "owner-key" not in usage and "Per member" not in usage
+    csv = member.client.get("/usage.csv").text.splitlines()
+    assert len(csv) == 2 and "member-key" in csv[1]
+
+    owner_usage = owner.client.get("/usage").text
+    assert "Per member" in owner_usage
+    assert owner.email in owner_usage and member.email in owner_usage
+    assert "member-key" in admin.client.get("/keys").text
+
+
+def test_roles_are_checked_on_every_page_and_form(app, team):
+    owner, admin, member = team
+    owner_key_id, _ = create_key(owner.client, "owner-key")
+    for path in ("/members", "/balance", "/changes"):
+        assert member.client.get(path).status_code == 403, path
+        assert admin.client.get(path).status_code == 200, path
+    token = csrf_token(member.client.get("/keys").text)
+    forms = [
+        ("/members", {"email": new_email(), "role": "member"}),
+        (f"/members/{admin.member_id}/role", {"role": "member"}),
+        (f"/members/{admin.member_id}/remove", {}),
+        (f"/keys/{owner_key_id}/revoke", {}),
+        (f"/keys/{owner_key_id}/delete", {}),
+    ]
+    for path, data in forms:
+        refused = member.client.post(path, data={"csrf_token": token, **data})
+        assert refused.status_code == 403, path
+    assert member.client.get(f"/keys/{owner_key_id}/edit").status_code == 403
+
+    # An admin manages members, but owners only an owner does.
+    assert invite(admin.client, new_email(), "owner").status_code == 403
+    owner_member_id = member_id_of(admin.client, owner.email)
+    token = csrf_token(admin.client.get("/members").text)
+    assert (
+        admin.client.post(
+            f"/members/{owner_member_id}/remove", data={"csrf_token": token}
+        ).status_code
+        == 403
+    )
+    assert (
+        admin.client.post(
+            f"/members/{member.member_id}/role", data={"csrf_token": token, "role": "owner"}
+        ).status_code
+        == 403
+    )
+    changed = admin.client.post(
+        f"/members/{member.member_id}/role", data={"csrf_token": token, "role": "admin"}
+    )
+    assert changed.status_code == 302
+    assert member.client.get("/members").status_code == 200, "the new role counts at once"
+
+
+def test_another_organisations_objects_are_not_found(app, team):
+    owner, _, _ = team
+    stranger_account, stranger_email = make_holder(app)
+    stranger = signed_in(app, stranger_email)
+    foreign_key, _ = create_key(stranger, "foreign")
+    foreign_member = member_id_of(stranger, stranger_email)
+    token = csrf_token(owner.client.get("/members").text)
+    assert owner.client.get(f"/keys/{foreign_key}/edit").status_code == 404
+    for path in (
+        f"/keys/{foreign_key}/revoke",
+        f"/members/{foreign_member}/remove",
+        f"/members/{foreign_member}/role",
+        f"/organisations/{stranger_account}/switch",
+    ):
+        refused = owner.client.post(path, data={"csrf_token": token, "role": "member"})
+        assert refused.status_code == 404, path
+    assert "foreign" in stranger.get("/keys").text and "badge-active" in stranger.get("/keys").text
+
+
+def test_forms_without_their_csrf_token_are_refused(app, team):
+    owner, admin, _ = team
+    assert owner.client.post("/members", data={"email": new_email()}).status_code == 400
+    refused = owner.client.post(f"/members/{admin.member_id}/remove", data={})
+    assert refused.status_code == 400
+    assert "admin" in owner.client.get("/members").text
+
+
+def test_a_removed_members_keys_stop_at_once_and_their_usage_stays(app, team):
+    owner, admin, member = team
+    key_id, value = create_key(member.client, "leaving")
+    assert ask(app, value) == 200
+    token = csrf_token(admin.client.get("/members").text)
+    removed = admin.client.post(f"/members/{member.member_id}/remove", data={"csrf_token": token})
+    assert removed.status_code == 302
+    assert ask(app, value) == 403
+    with app.app_context():
+        assert db.session.get(ApiKey, key_id).state == "revoked"
+    assert member.email in owner.client.get("/usage").text, "their usage stays attributed"
+    assert member.email not in owner.client.get("/members").text
+    assert member.client.get("/keys").status_code == 302, "they belong to no organisation now"
+
+
+def test_the_last_owner_stays(app, team):
+    owner, _, _ = team
+    owner_member_id = member_id_of(owner.client, owner.email)
+    token = csrf_token(owner.client.get("/members").text)
+    for path, data in (
+        (f"/members/{owner_member_id}/role", {"role": "admin"}),
+        (f"/members/{owner_member_id}/remove", {}),
+    ):
+        refused = owner.client.post(path, data={"csrf_token": token, **data})
+        assert refused.status_code == 302
+        assert "at least one owner" in owner.client.get("/members").text
+    assert owner.client.get("/balance").status_code == 200, "still the owner"
+
+
+def test_a_person_switches_between_their_organisations(app, team):
+    owner, admin, _ = team
+    other_account, other_email = make_holder(app)
+    other = signed_in(app, other_email)
+    # The team's admin, who has a password, is invited to a second organisation.
+    shown = invite(other, admin.email, "member")
+    path = re.search(r'id="invite-link" value="([^"]+)"', shown.text).group(1)
+    path = path.removeprefix("http://localhost")
+    page = admin.client.get(path).text
+    assert "Join" in page and "Set your password" not in page
+    wrong = post_form(admin.client, path, path, {"password": "not the password at all"})
+    assert wrong.status_code == 404 and "not the password" in wrong.text
+    assert post_form(admin.client, path, path, {"password": PASSWORD}).status_code == 302
+    assert sign_in(new_client(app), admin.email).status_code == 302, "the password is unchanged"
+
+    listed = admin.client.get("/organisations").text
+    assert owner.email in listed and other_email in listed
+    token = csrf_token(listed)
+    switched = admin.client.post(
+        f"/organisations/{other_account}/switch", data={"csrf_token": token}
+    )
+    assert switched.status_code == 302
+    assert admin.client.get("/members").status_code == 403, "a member in the second one"
+    assert other_email in admin.client.get("/keys").text, "the session keeps the organisation"
+    switch_back = admin.client.post(
+        f"/organisations/{_account_of(app, owner.email)}/switch",
+        data={"csrf_token": token},
+    )
+    assert switch_back.status_code == 302
+    assert admin.client.get("/members").status_code == 200, "an admin again in the first"
+
+
+def _account_of(app, owner_email: str) -> int:
+    with app.app_context():
+        return db.session.scalar(
+            select(Membership.account_id)
+            .join(Person, Person.id == Membership.person_id)
+            .where(Person.email == owner_email)
+            .order_by(Membership.id)
+            .limit(1)
+        )
+
+
+def test_the_audit_log_records_who_changed_what(app, team):
+    owner, admin, member = team
+    key_id, _ = create_key(member.client, "audited")
+    token = csrf_token(admin.client.get("/members").text)
+    admin.client.post(
+        f"/members/{member.member_id}/role", data={"csrf_token": token, "role": "admin"}
+    )
+    admin.client.post(f"/keys/{key_id}/revoke", data={"csrf_token": token})
+    page = owner.client.get("/changes").text
+    for action in ("member.invite", "member.role", "key.create", "key.revoke"):
+        assert action in page, action
+    assert admin.email in page and member.email in page
+    with app.app_context():
+        actions = db.session.scalars(select(Change.action).order_by(Change.id)).all()
+    assert "member.role" in actions
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[tuple[list, str]]:
+    """A real SMTP server in this process (aiosmtpd): the messages it receives, its URL."""
+    from aiosmtpd.controller import Controller
+
+    received: list = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope) -> str:  # noqa: N802
+            received.append(message_from_bytes(envelope.content))
+            return "250 Message accepted for delivery"
+
+    port = _free_port()
+    controller = Controller(Inbox(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield received, f"smtp://127.0.0.1:{port}"
+    finally:
+        controller.stop()
+
+
+def test_an_invite_is_mailed_when_smtp_is_set(app, team, smtp_server, monkeypatch):
+    owner, _, _ = team
+    received, url = smtp_server
+    monkeypatch.setitem(app.config, "SMTP_URL", url)
+    email = new_email()
+    sent = invite(owner.client, email, "member")
+    assert sent.status_code == 302, "mailed: the link is not shown"
+    assert "invite-link" not in owner.client.get("/members").text
+    (message,) = received
+    assert message["To"] == email and message["Subject"].startswith("Join ")
+    link = re.search(r"(http://localhost/invite/\S+)", message.get_payload()).group(1)
+    client = new_client(app)
+    path = link.removeprefix("http://localhost")
+    assert post_form(client, path, path, {"password": PASSWORD}).status_code == 302
+    assert client.get("/keys").status_code == 200
+
+
+def test_an_invite_whose_mail_fails_shows_the_link(app, team, monkeypatch):
+    owner, _, _ = team
+    monkeypatch.setitem(app.config, "SMTP_URL", "smtp://127.0.0.1:9")  # nothing listens
+    shown = invite(owner.client, new_email(), "member")
+    assert shown.status_code == 201 and 'id="invite-link"' in shown.text
+    assert "could not be e-mailed" in shown.text

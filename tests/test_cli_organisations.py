@@ -1,0 +1,80 @@
+"""The operator's organisation commands, as a deploy script would run them."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+
+from app.accounts.models import Change
+from app.extensions import db
+from tests.dashboard.conftest import PASSWORD, new_client, post_form
+
+
+def email() -> str:
+    return f"ops-{uuid.uuid4().hex[:10]}@example.com"
+
+
+def run(runner, *args: str) -> str:
+    result = runner.invoke(args=list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_an_organisation_is_created_granted_invited_listed_and_trimmed(app, runner):
+    name, owner, member = f"Team {uuid.uuid4().hex[:6]}", email(), email()
+    created = run(runner, "orgs", "create", name, "--owner", owner, "--credits", "3")
+    org_id = created.split()[2]
+    assert f"'{name}' owned by {owner}" in created
+
+    assert "balance=$5" in run(runner, "credits", "grant", "--org", name, "2")
+    assert "balance=$6" in run(runner, "credits", "grant", "--org", org_id, "1")
+
+    link = run(runner, "orgs", "invite", name, member, "--role", "member").splitlines()[-1]
+    path = link.removeprefix("http://localhost:8000")
+    joined = post_form(new_client(app), path, path, {"password": PASSWORD})
+    assert joined.status_code == 302
+
+    listed = run(runner, "orgs", "members", org_id).splitlines()
+    assert [line.split("\t")[1:3] for line in listed] == [["owner", owner], ["member", member]]
+
+    key = run(runner, "keys", "create", member, "--org", name, "--name", "ci").splitlines()[-1]
+    headers = {"Authorization": f"Bearer {key}"}
+    chat = {"model": "dev-chat", "messages": [{"role": "user", "content": "Hi"}]}
+    assert (
+        app.test_client().post("/v1/chat/completions", json=chat, headers=headers).status_code
+        == 200
+    )
+    assert "revoked 1 keys" in run(runner, "orgs", "remove", name, member)
+    assert (
+        app.test_client().post("/v1/chat/completions", json=chat, headers=headers).status_code
+        == 403
+    )
+    assert member not in run(runner, "orgs", "members", name)
+
+    with app.app_context():
+        actions = db.session.scalars(
+            select(Change.action).where(Change.account_id == int(org_id)).order_by(Change.id)
+        ).all()
+    assert actions == [
+        "organisation.create", "credits.grant", "credits.grant", "member.invite",
+        "key.create", "member.remove",
+    ]  # fmt: skip
+
+
+def test_wrong_organisation_input_gets_one_line_and_a_nonzero_exit(runner):
+    name, owner = f"Team {uuid.uuid4().hex[:6]}", email()
+    run(runner, "orgs", "create", name, "--owner", owner)
+    for args in (
+        ["orgs", "members", "no such organisation"],
+        ["orgs", "invite", name, email(), "--role", "emperor"],
+        ["orgs", "invite", name, owner],
+        ["orgs", "remove", name, email()],
+        ["orgs", "remove", name, owner],
+        ["credits", "grant", "--org", name],
+        ["credits", "grant", "--org", name, owner, "1"],
+        ["keys", "create", email(), "--org", name, "--name", "x"],
+    ):
+        result = runner.invoke(args=args)
+        assert result.exit_code != 0, args
+        assert len(result.output.strip().splitlines()) == 1, (args, result.output)
