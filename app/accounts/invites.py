@@ -1,8 +1,8 @@
 """Invites: a one-time link, valid 24 hours, that makes a person a member with a role.
 
 A person new to the gateway sets their password on the link's page; a person who already
-has one signs in with it there. Either way the invite's membership starts when the link
-is used, once.
+has one signs in as usual and joins from the link's page. Either way the invite's
+membership starts when the link is used, once.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 
 from app.accounts.models import OWNER, AccountInvite, Membership, Person
 from app.accounts.organisations import create_account, find_person_by_email, stage_person
-from app.accounts.passwords import check_password_strength, password_matches, stage_password
+from app.accounts.passwords import check_password_strength, stage_password
 from app.credits.accounts import find_account
 from app.credits.models import Account
 from app.database import utcnow
@@ -87,19 +87,42 @@ def find_open_invite(token: str) -> OpenInvite:
 
 
 def accept_invite(token: str, password: str) -> Person:
-    """Use up the invite: set the new person's password (or check theirs) and join them.
+    """Use up the invite of a person new to the gateway: set their password, join them.
 
-    All in one transaction. :raise InviteInvalid: the token is unknown, used or expired
-    (also when another request used it first), or the person's password is wrong.
-    :raise WeakPassword: a new password is too short or too long.
+    All in one transaction. A person who has a password joins by ``join_by_invite``,
+    signed in: the link's page never checks a password, so whoever holds a link (the
+    admin who was shown it) cannot guess at one there.
+    :raise InviteInvalid: the token is unknown, used or expired (also when another
+        request used it first), or the person has a password already.
+    :raise WeakPassword: the password is too short or too long.
     """
     invite = find_open_invite(token)
-    if invite.needs_password:
-        check_password_strength(password)
-    elif not password_matches(invite.person, password):
-        db.session.rollback()
-        raise InviteInvalid("That is not the password of " + invite.person.email + ".")
-    # The conditional UPDATE makes two submissions of one link join once.
+    if not invite.needs_password:
+        raise InviteInvalid(f"Sign in as {invite.person.email} to accept this invite.")
+    check_password_strength(password)
+    _use_up(token)
+    stage_password(invite.person.id, password)
+    _stage_membership(invite)
+    db.session.commit()
+    return invite.person
+
+
+def join_by_invite(token: str, person_id: int) -> OpenInvite:
+    """Use up the invite for the signed-in person ``person_id``, making them a member.
+
+    :raise InviteInvalid: the token is unknown, used or expired, or is for someone else.
+    """
+    invite = find_open_invite(token)
+    if invite.person.id != person_id:
+        raise InviteInvalid(f"This invite is for {invite.person.email}: sign in as them.")
+    _use_up(token)
+    _stage_membership(invite)
+    db.session.commit()
+    return invite
+
+
+def _use_up(token: str) -> None:
+    """Mark the invite used; the conditional UPDATE makes two submissions join once."""
     used = db.session.execute(
         update(AccountInvite)
         .where(AccountInvite.token_digest == _digest(token), AccountInvite.used_at.is_(None))
@@ -108,11 +131,6 @@ def accept_invite(token: str, password: str) -> Person:
     if used.rowcount != 1:
         db.session.rollback()
         raise InviteInvalid(_INVALID)
-    if invite.needs_password:
-        stage_password(invite.person.id, password)
-    _stage_membership(invite)
-    db.session.commit()
-    return invite.person
 
 
 def _stage_membership(invite: OpenInvite) -> None:

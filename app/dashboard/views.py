@@ -31,7 +31,13 @@ from app.accounts import keys
 from app.accounts.budgets import set_key_budget
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
-from app.accounts.invites import InviteInvalid, accept_invite, find_open_invite
+from app.accounts.invites import (
+    InviteInvalid,
+    OpenInvite,
+    accept_invite,
+    find_open_invite,
+    join_by_invite,
+)
 from app.accounts.members import has_role
 from app.accounts.models import ADMIN
 from app.accounts.passwords import WeakPassword, authenticate, register_account
@@ -61,7 +67,7 @@ from app.dashboard.security import (
     sign_in_limit_per_address,
     sign_in_limit_per_email,
 )
-from app.dashboard.session import start_session
+from app.dashboard.session import start_session, switch_organisation
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf, db
 from app.money import usd_text
@@ -198,11 +204,16 @@ def sign_out() -> BaseResponse:
 
 @bp.route("/invite/<token>", methods=["GET", "POST"])
 def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
-    """Let an invited holder set a password, once, within 24 hours."""
+    """Let an invited person join, once, within 24 hours.
+
+    Someone new sets a password; someone with a password signs in first, then joins.
+    """
     try:
         invite = find_open_invite(token)
     except InviteInvalid as error:
         return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
+    if not invite.needs_password:
+        return _join_page(token, invite)
     form = SetPasswordForm()
     if form.validate_on_submit():
         try:
@@ -216,6 +227,21 @@ def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
             return redirect(url_for(".list_keys"))
     page = render_template("dashboard/invite.html", form=form, invite=invite)
     return page, 400 if form.errors else 200
+
+
+def _join_page(token: str, invite: OpenInvite) -> BaseResponse | str | tuple[str, int]:
+    """Serve the invite of a person with a password: they sign in, then join with one click."""
+    signed_in_as_them = current_user.is_authenticated and current_user.person_id == invite.person.id
+    if request.method == "POST" and signed_in_as_them:
+        try:
+            joined = join_by_invite(token, current_user.person_id)
+        except InviteInvalid as error:
+            return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
+        switch_organisation(current_user.person_id, joined.account.id)
+        flash(f"You joined {joined.account.name} as {joined.role}.", "success")
+        return redirect(url_for(".list_keys"))
+    page = render_template("dashboard/invite.html", invite=invite, signed_in=signed_in_as_them)
+    return page, 403 if request.method == "POST" else 200
 
 
 def _model_choices() -> list[tuple[str, str]]:
