@@ -159,11 +159,16 @@ def table(
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True, help="PostgreSQL URL")
+    parser.add_argument(
+        "--database-url", required=True, help="PostgreSQL's (or sqlite:///..., for its ceiling)"
+    )
     parser.add_argument("--requests", type=int, default=1000, help="per scenario and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--model", default="bench-slow", help="bench-fast: an upstream that answers at once"
+    )
     return parser.parse_args(argv)
 
 
@@ -172,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     speed_before = python_loop_seconds()
     scratch = Path(tempfile.mkdtemp(prefix="bench-hot-"))
+    upstream_kind = "50 ms upstream" if args.model == "bench-slow" else args.model
     scenario = Scenario(
-        f"whole c={args.concurrency}, 50 ms upstream", "bench-slow", False, args.concurrency
+        f"whole c={args.concurrency}, {upstream_kind}", args.model, False, args.concurrency
     )
     port = free_port()
     with ExitStack() as stack:
