@@ -99,14 +99,23 @@ async def _connection(
 
 
 async def send_requests(
-    port: int, body: bytes, key: str | None, *, count: int, concurrency: int, streamed: bool
-) -> Timings:
-    """Send ``count`` requests over ``concurrency`` connections; time each."""
-    request = chat_request(port, body, key)
+    port: int, body: bytes, key: str | list[str] | None, *, count: int, concurrency: int,
+    streamed: bool,
+) -> Timings:  # fmt: skip
+    """Send ``count`` requests over ``concurrency`` connections; time each.
+
+    Given a list of keys, connection i sends every request of its own with key i (modulo
+    the list's length): many callers at once, as an organisation's members are.
+    """
+    keys = key if isinstance(key, list) else [key]
+    requests = [chat_request(port, body, each) for each in keys]
     out, tickets = Timings(), itertools.count()
     started = time.perf_counter()
     await asyncio.gather(
-        *(_connection(port, request, streamed, tickets, count, out) for _ in range(concurrency))
+        *(
+            _connection(port, requests[number % len(requests)], streamed, tickets, count, out)
+            for number in range(concurrency)
+        )
     )
     out.elapsed = time.perf_counter() - started
     return out

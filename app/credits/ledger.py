@@ -482,7 +482,7 @@ def _settle_with_record(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Dec
 
 
 def _settle_once(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
-    """Settle in one transaction; where the hold covers the cost, as one statement alone."""
+    """Settle in one transaction, durable when it returns; a covered cost as one statement alone."""
 
     def steps(connection: Connection) -> Decimal:
         return _settle_steps(connection, hold, cost, writes)
@@ -490,7 +490,11 @@ def _settle_once(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal:
     def alone() -> Decimal | None:
         return _settle_covered_alone(hold, cost, writes)
 
-    return write_transaction(steps, alone=alone if cost <= hold.amount else None)
+    # Step by step, the settlement locks the account's row, which every request paying
+    # from the account needs: it must not keep it through a disk write (durable_after_unlock).
+    return write_transaction(
+        steps, alone=alone if cost <= hold.amount else None, durable_after_unlock=True
+    )
 
 
 def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> Decimal | None:

@@ -21,12 +21,13 @@ from sqlalchemy import (
     create_engine,
     event,
     exc,
+    select,
     text,
 )
 from sqlalchemy.engine import Connection, Engine
 
 from app.database.driver import execute_prepared, fetch_on_driver
-from app.database.postgresql import DurableStatements
+from app.database.postgresql import COMMIT_WITHOUT_WAITING, DurableStatements
 from app.database.sqlite import SQLiteWriter, sqlite_writer_engine
 from app.encoding import JSON_COLUMN_CODEC
 from app.extensions import db
@@ -106,7 +107,10 @@ Written = TypeVar("Written")
 
 
 def write_transaction(
-    work: Callable[[Connection], Written], *, alone: Callable[[], Written | None] | None = None
+    work: Callable[[Connection], Written],
+    *,
+    alone: Callable[[], Written | None] | None = None,
+    durable_after_unlock: bool = False,
 ) -> Written:
     """Run ``work`` on a connection in a transaction of its own; return what it returns.
 
@@ -120,20 +124,48 @@ def write_transaction(
     or execute_durably): where statements run alone (PostgreSQL), it runs instead of
     ``work``, one round trip whose rows are locked only while it runs. It may decline,
     for a case only ``work`` handles, by returning None: ``work`` then runs.
+
+    ``durable_after_unlock``, for a transaction that locks rows every request shares (an
+    account's): on PostgreSQL it commits without waiting for the disk, so that its locks
+    are released at once rather than after a WAL flush, and returns only once a shared
+    flush sent after its commit is done (DurableStatements.wait_for_disk): as durable when
+    it returns as a synchronous commit, without the account's other requests queueing
+    behind its disk write.
     """
     if alone is not None and runs_alone() and (done := alone()) is not None:
         return done
     writer = current_app.extensions.get(SQLITE_WRITER)
     if writer is not None:
         return writer.run(work)
+    durable = current_app.extensions.get(DURABLE_STATEMENTS) if durable_after_unlock else None
+    if durable is not None:
+        work = _committing_without_waiting(work)
     try:
-        return _transaction(work)
+        done = _transaction(work)
     except StatementsNotSent as lost:
         log.warning("%s; running the transaction again on another connection", lost)
-    try:
-        return _transaction(work)
-    except StatementsNotSent as lost:
-        raise lost.error from None
+        try:
+            done = _transaction(work)
+        except StatementsNotSent as lost_again:
+            raise lost_again.error from None
+    if durable is not None:
+        durable.wait_for_disk()
+    return done
+
+
+_NOT_WAITING_FOR_DISK = select(COMMIT_WITHOUT_WAITING)
+
+
+def _committing_without_waiting(
+    work: Callable[[Connection], Written],
+) -> Callable[[Connection], Written]:
+    """Return ``work`` preceded by PostgreSQL's SET LOCAL synchronous_commit = off."""
+
+    def without_waiting(connection: Connection) -> Written:
+        connection.execute(_NOT_WAITING_FOR_DISK)
+        return work(connection)
+
+    return without_waiting
 
 
 _ADVISORY_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))")

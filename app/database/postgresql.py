@@ -106,6 +106,15 @@ class DurableStatements:
             self._wait_for_flush()
         return rows
 
+    def wait_for_disk(self) -> None:
+        """Return once what this process committed before the call is on disk.
+
+        For a transaction that committed without waiting (COMMIT_WITHOUT_WAITING), so
+        that its rows were free before the disk write: it returns, as a synchronous
+        commit would, once a shared flush sent after its commit is done.
+        """
+        self._wait_for_flush()
+
     def _wait_for_flush(self) -> None:
         """Return once a flush sent after this call is done; raise if that flush failed."""
         with self._flushed:
