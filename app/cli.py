@@ -520,7 +520,6 @@ def budget_command(
 
 
 GROUPS: tuple[AppGroup, ...] = (
-    orgs_cli,
     accounts_cli,
     credits_cli,
     keys_cli,
