@@ -158,6 +158,17 @@ class RelayedStream(DeliveryMeter):
             self.counts.update((key, value) for key, value in usage.items() if type(value) is int)
             self.usage = usage_from(self.counts)
 
+    def final_usage(self) -> Usage:
+        """Return the usage to bill: the upstream's once its message_delta came, else counted.
+
+        ``message_start``'s usage names the prompt but only the first output token: a
+        stream that ends without a ``message_delta`` (an upstream's error event) is billed
+        for what it delivered.
+        """
+        if self.kept_back:
+            return super().final_usage()
+        return self.usage_so_far()
+
     def events(self, items: Iterator[Any]) -> Iterator[bytes | None]:
         """Frame the relayed ``items`` (reads, flush points, the StreamEnd) as the caller's."""
         for item in items:
