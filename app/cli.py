@@ -18,7 +18,7 @@ import click
 from flask import Flask
 from flask.cli import AppGroup
 
-from app.accounts import keys
+from app.accounts import budgets, keys
 from app.accounts.changes import record_change
 from app.accounts.errors import (
     AlreadyMember,
@@ -40,6 +40,7 @@ from app.accounts.members import (
 from app.accounts.models import ROLES
 from app.accounts.organisations import create_account, owner_membership
 from app.accounts.passwords import set_password
+from app.budgets import MONTH, WINDOWS, budget_state
 from app.catalog.registry import current_catalog
 from app.credits import ledger
 from app.credits.accounts import (
@@ -50,6 +51,7 @@ from app.credits.accounts import (
 )
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account
+from app.database import utcnow
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from app.generations.rollups import rebuild_rollups
@@ -85,7 +87,7 @@ catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
 ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
 usage_cli = OperatorGroup("usage", help="Keep the hourly usage rollups.")
 demo_cli = OperatorGroup("demo", help="Set up the demo account of a fresh checkout.")
-orgs_cli = OperatorGroup("orgs", help="Create organisations, invite, list and remove members.")
+orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and budgets.")
 
 DEMO_EMAIL = "demo@example.com"
 DEMO_CREDITS = Decimal("10")
@@ -127,6 +129,26 @@ class UsdLimit(click.ParamType):
             return Decimal(str(value))
         except InvalidOperation:
             self.fail(f"{value!r} is not an amount in USD")
+
+
+class UsdOrNone(UsdLimit):
+    """A USD amount as written, or ``none``: no amount."""
+
+    def convert(self, value: object, param: object, ctx: object) -> Decimal | None:
+        """Parse ``value`` as a Decimal amount; ``none`` is None."""
+        if value is None or str(value).strip().lower() == "none":
+            return None
+        return super().convert(value, param, ctx)
+
+
+WINDOW_OPTION = click.option(
+    "--per",
+    "window",
+    type=click.Choice(WINDOWS),
+    default=MONTH,
+    show_default=True,
+    help="The budget's window: day, week (from Monday), month (UTC) or 5h (from a request).",
+)
 
 
 class ModelIds(click.ParamType):
@@ -234,21 +256,28 @@ def grant_command(target: tuple[str, ...], org: str | None, idempotency_key: str
 @click.option("--name", required=True, help="A name to recognise the key by.")
 @click.option("--models", type=ModelIds(), help="Comma-separated model ids the key may use.")
 @click.option("--monthly-limit", type=UsdLimit(), help="USD the key may spend per month (UTC).")
+@click.option("--limit", type=UsdLimit(), help="USD the key may spend per window (--per).")
+@WINDOW_OPTION
 def create_key_command(
     email: str | None,
     org: str | None,
     name: str,
     models: list[str] | None,
     monthly_limit: Decimal | None,
+    limit: Decimal | None,
+    window: str,
 ) -> None:
     """Issue a key; its value is printed once, alone on the last line.
 
     Without --org, the key is the account EMAIL's (its owner's). With --org, it belongs
     to the organisation's member EMAIL, or to its owner if EMAIL is left out.
     """
+    if limit is not None and monthly_limit is not None:
+        raise click.UsageError("give either --monthly-limit or --limit")
     with operator_errors():
         account = _organisation(org, None if org else email)
         member_id = find_member_by_email(account.id, email).id if org and email else None
+        budgets.checked_budget_amount(limit)  # before the key is issued: nothing half-written
         issued = keys.create_key(
             account_id=account.id,
             member_id=member_id,
@@ -256,6 +285,8 @@ def create_key_command(
             permitted_models=models,
             monthly_limit=monthly_limit,
         )
+        if limit is not None:
+            budgets.set_key_budget(issued.id, amount=limit, window=window)
     click.echo(f"created key {issued.id} ({issued.display_prefix}...) for {email or account.name}")
     click.echo(issued.value)
 
@@ -298,7 +329,9 @@ def list_keys_command(email: str) -> None:
     for key in rows:
         last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
         models = ",".join(key.permitted_models) if key.permitted_models is not None else "all"
-        limit = f"${key.monthly_limit:f}" if key.monthly_limit is not None else "none"
+        limit = "none" if key.budget is None else f"${key.budget:f}"
+        if key.budget is not None and key.budget_window != MONTH:
+            limit += f" a {key.budget_window}"
         click.echo(
             f"{key.id}\t{key.name}\t{key.display_prefix}...\t{key.state}\t"
             f"{key.created_at.isoformat()}\t{last_used}\t{models}\t{limit}"
@@ -427,13 +460,23 @@ def invite_member_command(org: str, email: str, role: str, base_url: str) -> Non
 @orgs_cli.command("members")
 @click.argument("org")
 def list_members_command(org: str) -> None:
-    """List ORG's members (id or name): member id, role, email, since when."""
+    """List ORG's members (id or name).
+
+    Member id, role, email, since when, then the budget (or none), its window and what
+    was spent in the window so far.
+    """
     with operator_errors():
         account = find_organisation(org)
         rows = list_members(account.id)
+    now = utcnow()
     for row in rows:
         member = row.membership
-        click.echo(f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}")
+        budget = budget_state(member, now)
+        amount = "none" if budget.amount is None else f"${budget.amount:f}"
+        click.echo(
+            f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}"
+            f"\t{amount}\t{budget.window}\t${budget.spent:f}"
+        )
 
 
 @orgs_cli.command("remove")
@@ -447,6 +490,35 @@ def remove_member_command(org: str, email: str) -> None:
     click.echo(f"removed {email} from {account.name}; revoked {revoked} keys")
 
 
+@orgs_cli.command("budget")
+@click.argument("org")
+@click.argument("email", required=False)
+@click.option("--usd", "amount", type=UsdOrNone(), required=True, help="USD a window, or none.")
+@WINDOW_OPTION
+@click.option("--key", "key_id", type=int, help="Set the budget of this key of ORG instead.")
+def budget_command(
+    org: str, email: str | None, amount: Decimal | None, window: str, key_id: int | None
+) -> None:
+    """Set (or with --usd none, remove) the budget of ORG's member EMAIL, or of a key.
+
+    ORG is the organisation's id or name. A member's budget counts the spend of all
+    their keys.
+    """
+    if (email is None) == (key_id is None):
+        raise click.UsageError("name either a member's EMAIL or --key")
+    with operator_errors():
+        account = find_organisation(org)
+        if email is not None:
+            member = find_member_by_email(account.id, email)
+            budgets.set_member_budget(member.id, amount=amount, window=window)
+            subject = f"member {email}"
+        else:
+            budgets.set_key_budget(key_id, amount=amount, window=window, account_id=account.id)
+            subject = f"key {key_id}"
+    state = "no budget" if amount is None else f"${amount:f} a {window}"
+    click.echo(f"{subject} of {account.name}: {state}")
+
+
 GROUPS: tuple[AppGroup, ...] = (
     orgs_cli,
     accounts_cli,
@@ -456,6 +528,7 @@ GROUPS: tuple[AppGroup, ...] = (
     ledger_cli,
     usage_cli,
     demo_cli,
+    orgs_cli,
 )
 
 

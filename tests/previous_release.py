@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sqlalchemy import column, insert, table
+from sqlalchemy import Integer, column, insert, table
 
 from app.auth.keys import DISPLAY_LENGTH, digest_key, generate_key
 from app.auth.models import ApiKey
 from app.credits.models import Account
-from app.database import utcnow
+from app.database import Money, utcnow
 from app.extensions import db
 
 ACCOUNTS_AT_0018 = table(
@@ -27,8 +27,12 @@ API_KEYS_AT_0018 = table(
     "api_keys",
     *(column(name, ApiKey.__table__.c[name].type)
       for name in ("id", "account_id", "name", "digest", "display_prefix", "state", "created_at",
-                   "permitted_models", "monthly_limit", "spend_month", "month_spent",
-                   "month_reserved")),
+                   "permitted_models")),
+    # Renamed by revision 0020 (budgets).
+    column("monthly_limit", Money()),
+    column("spend_month", Integer()),
+    column("month_spent", Money()),
+    column("month_reserved", Money()),
 )  # fmt: skip
 
 

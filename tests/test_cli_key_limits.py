@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 
 from app.auth.keys import find_caller, parse_key
+from app.auth.models import ApiKey
+from app.extensions import db
 
 
 def funded_address(runner) -> str:
@@ -33,8 +35,9 @@ def test_a_key_created_with_models_and_a_limit_lists_them(runner, app):
     assert parse_key(value) == value
     with app.app_context():
         caller = find_caller(value)
+        budget = db.session.get(ApiKey, caller.key_id).budget
     assert caller.permitted_models == {"dev-chat-mini", "dev-slow"}
-    assert str(caller.monthly_limit) == "0.00001"
+    assert str(budget) == "0.00001"
     runner.invoke(args=["keys", "create", address, "--name", "open"])
     listed = runner.invoke(args=["keys", "list", address]).output.splitlines()
     assert listed[0].endswith("\tmodels\tmonthly_limit")

@@ -13,21 +13,16 @@ from decimal import Decimal
 
 from sqlalchemy import select, update
 
+from app.accounts.budgets import apply_budget, checked_budget_amount
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.models import Membership
 from app.accounts.organisations import owner_membership
 from app.auth.keys import DISPLAY_LENGTH, digest_key, forget_remembered_callers, generate_key
 from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
+from app.budgets import MONTH
 from app.catalog.registry import current_catalog
-from app.credits.ledger import spend_month
-from app.database import utcnow
 from app.extensions import db
-
-LIMIT_DECIMAL_PLACES = 6
-LIMIT_QUANTUM = Decimal(1).scaleb(-LIMIT_DECIMAL_PLACES)
-# Money is stored as a 64-bit count of 1e-10 USD; a limit stays well within it.
-MAX_MONTHLY_LIMIT = Decimal(100_000_000)
 
 
 @dataclass(frozen=True)
@@ -64,7 +59,7 @@ def create_key(
     """
     member_id = _member_of_key(account_id, member_id)
     models = checked_permitted_models(permitted_models)
-    limit = checked_monthly_limit(monthly_limit)
+    limit = checked_budget_amount(monthly_limit, "the monthly limit")
     value = generate_key()
     key = ApiKey(
         account_id=account_id,
@@ -74,10 +69,7 @@ def create_key(
         display_prefix=value[:DISPLAY_LENGTH],
         state=ACTIVE,
         permitted_models=models,
-        monthly_limit=limit,
-        spend_month=spend_month(utcnow()),
-        month_spent=Decimal(0),
-        month_reserved=Decimal(0),
+        budget=limit,
     )
     db.session.add(key)
     db.session.flush()
@@ -126,7 +118,7 @@ def update_key_limits(
     :raise KeyNotFound: no key has ``key_id``.
     """
     models = checked_permitted_models(permitted_models)
-    limit = checked_monthly_limit(monthly_limit)
+    limit = checked_budget_amount(monthly_limit, "the monthly limit")
     key = db.session.scalar(
         select(ApiKey).where(ApiKey.id == key_id, ApiKey.state != DELETED).with_for_update()
     )
@@ -134,7 +126,7 @@ def update_key_limits(
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
     key.permitted_models = models
-    key.monthly_limit = limit
+    apply_budget(key, limit, MONTH, [key.id])
     _record(actor, key, "key.limits", {"permitted_models": models, "monthly_limit": _text(limit)})
     db.session.commit()
     forget_remembered_callers()
@@ -156,26 +148,6 @@ def checked_permitted_models(permitted_models: list[str] | None) -> list[str] | 
     if unknown := [model_id for model_id in models if model_id not in served]:
         raise InvalidKeyLimits(f"unknown model id {unknown[0]!r}: not in the served catalog")
     return models
-
-
-def checked_monthly_limit(monthly_limit: Decimal | None) -> Decimal | None:
-    """Return the limit if it is a valid USD amount; raise InvalidKeyLimits otherwise."""
-    if monthly_limit is None:
-        return None
-    if isinstance(monthly_limit, bool) or not isinstance(monthly_limit, Decimal | int):
-        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
-    limit = Decimal(monthly_limit)
-    if not limit.is_finite():
-        raise InvalidKeyLimits("the monthly limit must be an amount in USD")
-    if limit < 0:
-        raise InvalidKeyLimits(f"the monthly limit must not be negative: {limit}")
-    if limit > MAX_MONTHLY_LIMIT:
-        raise InvalidKeyLimits(f"the monthly limit must be at most {MAX_MONTHLY_LIMIT} USD")
-    if limit != limit.quantize(LIMIT_QUANTUM):
-        raise InvalidKeyLimits(
-            f"the monthly limit has more than {LIMIT_DECIMAL_PLACES} decimal places: {limit}"
-        )
-    return limit
 
 
 def rotate_key(key_id: int, actor: int | None = None) -> IssuedKey:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
+from app.budgets import BudgetCounters
 from app.database import UTCDateTime, utcnow
 from app.extensions import db
 
@@ -36,10 +37,11 @@ class Person(db.Model):
     is_admin: Mapped[bool] = mapped_column(default=False)
 
 
-class Membership(db.Model):
+class Membership(BudgetCounters, db.Model):
     """A person's role in one organisation; ``removed_at`` is set when they leave.
 
     A removed membership's row stays, so that its keys and their history stay attributed.
+    The member's budget (``BudgetCounters``) counts the spend of all their keys.
     """
 
     __tablename__ = "memberships"

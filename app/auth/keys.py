@@ -12,7 +12,6 @@ import hashlib
 import secrets
 import zlib
 from dataclasses import dataclass
-from decimal import Decimal
 
 from flask import current_app
 from sqlalchemy import bindparam, select
@@ -34,7 +33,6 @@ _FIND_CALLER = select(
     _keys.c.account_id,
     _keys.c.state,
     _keys.c.permitted_models,
-    _keys.c.monthly_limit,
 ).where(_keys.c.digest == bindparam("digest"))
 
 
@@ -46,7 +44,6 @@ class Caller:
     account_id: int
     state: str
     permitted_models: frozenset[str] | None = None
-    monthly_limit: Decimal | None = None
     # The digest of the key as presented: a hold applies only while the key still has it.
     key_digest: str | None = None
 
@@ -115,7 +112,6 @@ def _look_up_caller(digest: str) -> Caller | None:
         account_id=row.account_id,
         state=row.state,
         permitted_models=None if row.permitted_models is None else frozenset(row.permitted_models),
-        monthly_limit=row.monthly_limit,
         key_digest=digest,
     )
 

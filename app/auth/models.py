@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.database import Money, UTCDateTime, utcnow
+from app.budgets import BudgetCounters
+from app.database import UTCDateTime, utcnow
 from app.extensions import db
 
 ACTIVE = "active"
@@ -16,15 +17,15 @@ REVOKED = "revoked"
 DELETED = "deleted"
 
 
-class ApiKey(db.Model):
+class ApiKey(BudgetCounters, db.Model):
     """A named key of an account; deleting it erases its digest and keeps the row.
 
     A key may be limited to some models (``permitted_models``; None permits every model)
-    and to a monthly spend in USD (``monthly_limit``; None is no limit). For every key,
-    ``month_spent`` is what it was charged in ``spend_month`` (``YYYYMM``, UTC) and
-    ``month_reserved`` what its open holds set aside; for a limited key a hold is placed
-    only while spent + reserved + the hold stay within the limit, in the hold's
-    transaction.
+    and to a budget (``app.budgets.BudgetCounters``: an amount in USD a window, the
+    month by default, which the API calls its ``monthly_limit``). For every key the
+    window's spend and its open holds' reservation are counted; for a key with a budget
+    a hold is placed only while spent + reserved + the hold stay within the budget, in
+    the hold's transaction.
     """
 
     __tablename__ = "api_keys"
@@ -45,7 +46,3 @@ class ApiKey(db.Model):
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     last_used_at = mapped_column(UTCDateTime, nullable=True)
     permitted_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
-    monthly_limit = mapped_column(Money, nullable=True)
-    spend_month: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    month_spent = mapped_column(Money, nullable=False, default=0, server_default="0")
-    month_reserved = mapped_column(Money, nullable=False, default=0, server_default="0")

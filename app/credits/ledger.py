@@ -5,13 +5,15 @@ The invariants: an account's ``balance`` equals the sum of its ledger entries; i
 zero. Every change to a balance is a conditional UPDATE plus a ledger INSERT committed
 together, so concurrent requests cannot overspend and no charge is lost or doubled.
 
-Every hold is also reserved on its key's row, and settlement moves the key's
-reservation to its month's spend, so that a key's ``month_spent`` and ``month_reserved``
-are exact at all times, whether it has a monthly limit or not. A key with a limit is held
-to it the same way as an account to its balance: its hold's reservation is conditional
-on the month's spend plus what the key's open holds reserve staying within the limit; a
-limit put on a key in use counts its running requests' holds from that moment. Rows are
-taken account first, then key, so that two transactions never wait on each other's.
+Every hold is also reserved on its key's row and on its key's member's, and settlement
+moves those reservations to the spend of the budget windows the hold was placed in
+(app.budgets), so that the ``window_spent`` and ``window_reserved`` of keys and members
+are exact at all times, whether they have a budget or not. A key or member with a
+budget is held to it the same way as an account to its balance: its hold's reservation
+is conditional on the window's spend plus what its open holds reserve staying within the
+budget; a budget put on a key in use counts its running requests' holds from that
+moment. Rows are taken account first, then key, then member, so that two transactions
+never wait on each other's.
 
 Each write is offered to the database in two shapes built from the same guards
 (``app.credits.statements``): its steps, run in one transaction, and, where it can be,
@@ -36,6 +38,7 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
+from app.budgets import MONTH, calendar_start, window_parameters
 from app.credits import statements
 from app.credits.errors import AlreadyRecorded, IdempotencyConflict
 from app.credits.models import (
@@ -110,23 +113,25 @@ class Shortfall:
     available: Decimal
 
 
+# Whose budget stopped a hold.
+KEY_BUDGET, MEMBER_BUDGET = "key", "member"
+
+
 @dataclass(frozen=True)
-class MonthlyLimitShortfall:
-    """Why a hold could not be placed: the key's monthly limit, not the balance."""
+class BudgetShortfall:
+    """Why a hold could not be placed: the key's or its member's budget, not the balance."""
 
     requested: Decimal
     available: Decimal
-    monthly_limit: Decimal
-
-
-def spend_month(moment: datetime) -> int:
-    """Return the calendar month (UTC) that ``moment`` falls in, as ``YYYYMM``."""
-    return moment.year * 100 + moment.month
+    budget: Decimal
+    window: str
+    # KEY_BUDGET or MEMBER_BUDGET.
+    holder: str
 
 
 def month_start(moment: datetime) -> datetime:
     """Return the first instant of the calendar month (UTC) that ``moment`` falls in."""
-    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return calendar_start(MONTH, moment)
 
 
 def grant_credits(
@@ -191,7 +196,7 @@ def _same_grant_or_raise(entry: LedgerEntry, amount: Decimal) -> LedgerEntry:
 
 
 # How a hold's try ended.
-_HELD, _BALANCE_SHORT, _KEY_REFUSED = "held", "balance", "key"
+_HELD, _BALANCE_SHORT, _KEY_REFUSED, _MEMBER_REFUSED = "held", "balance", "key", "member"
 
 
 def place_hold(
@@ -202,14 +207,15 @@ def place_hold(
     key_id: int | None = None,
     key_digest: str | None = None,
     hold_id: str | None = None,
-) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
+) -> HeldCredit | Shortfall | BudgetShortfall:
     """Set ``amount`` aside for a request, or return why it cannot be covered.
 
     ``hold_id`` names the hold: a generation's hold takes the generation's id, so that
     whatever finds the hold (the sweeper, a retried Idempotency-Key) knows whose it is.
-    With ``key_id`` the amount is also reserved on the key's row, in the same
-    transaction, within the key's monthly limit if it has one, and only while the key is
-    active (and still has ``key_digest``, the digest its caller presented, if given).
+    With ``key_id`` the amount is also reserved on the key's row and on its member's,
+    in the same transaction, within their budgets if they have them, and only while the
+    key is active (and still has ``key_digest``, the digest its caller presented, if
+    given).
     Holds left behind by dead workers are released first when they stand in the way.
 
     :raise KeyRevoked: the key was revoked since its caller was found.
@@ -224,14 +230,19 @@ def place_hold(
         "status": OPEN,
         "created_at": now,
         "expires_at": now + timedelta(seconds=ttl_seconds),
+        "key_window_start": None,
+        "member_window_start": None,
     }
-    outcome = _try_hold(hold, spend_month(now), key_digest)
+    windows = window_parameters(now)
+    outcome = _try_hold(hold, windows, key_digest)
     if outcome != _HELD and release_expired_holds(account_id=account_id):
-        outcome = _try_hold(hold, spend_month(now), key_digest)
+        outcome = _try_hold(hold, windows, key_digest)
     if outcome == _BALANCE_SHORT:
         return Shortfall(requested=amount, available=account_money(account_id).available)
     if outcome == _KEY_REFUSED:
         return _key_shortfall(key_id, key_digest, amount)
+    if outcome == _MEMBER_REFUSED:
+        return _member_shortfall(key_id, amount)
     return HeldCredit(id=hold["id"], account_id=account_id, amount=amount, key_id=key_id)
 
 
@@ -243,19 +254,22 @@ class _HoldRefused(Exception):
         self.outcome = outcome
 
 
-def _try_hold(hold: dict[str, Any], month: int, key_digest: str | None) -> str:
-    """Reserve on the account, then on the key, then record the hold: all of it or none."""
+def _try_hold(hold: dict[str, Any], windows: dict[str, int], key_digest: str | None) -> str:
+    """Reserve on the account, the key, the member, then record the hold: all of it or none.
+
+    The hold's row notes the starts of the windows its key and member counted it in.
+    """
     try:
         return write_transaction(
-            lambda connection: _hold_steps(connection, hold, month, key_digest),
-            alone=lambda: _hold_alone(hold, month, key_digest),
+            lambda connection: _hold_steps(connection, hold, windows, key_digest),
+            alone=lambda: _hold_alone(hold, windows, key_digest),
         )
     except _HoldRefused as refused:
         return refused.outcome
 
 
 def _hold_steps(
-    connection: Connection, hold: dict[str, Any], month: int, key_digest: str | None
+    connection: Connection, hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
 ) -> str:
     reserved = execute_on_driver(
         connection,
@@ -265,35 +279,50 @@ def _hold_steps(
     if reserved != 1:
         raise _HoldRefused(_BALANCE_SHORT)
     if hold["api_key_id"] is not None:
-        on_key = execute_on_driver(
-            connection,
-            statements.reserve_on_key(statements.KEY_WITHIN_LIMIT),
-            {
-                "key_id": hold["api_key_id"],
-                "key_digest": key_digest,
-                "amount": hold["amount"],
-                "month": month,
-            },
-        )
-        if on_key != 1:
-            raise _HoldRefused(_KEY_REFUSED)
+        _reserve_on_key_and_member(connection, hold, windows, key_digest)
     execute_on_driver(connection, statements.INSERT_HOLD, hold)
     return _HELD
 
 
-def _hold_alone(hold: dict[str, Any], month: int, key_digest: str | None) -> str:
+def _reserve_on_key_and_member(
+    connection: Connection, hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
+) -> None:
+    """Reserve the hold on its key and its member, within their budgets; note their windows."""
+    parameters = {"key_id": hold["api_key_id"], "amount": hold["amount"], **windows}
+    on_key = execute_on_driver(
+        connection,
+        statements.reserve_on_key(statements.KEY_WITHIN_LIMIT),
+        {**parameters, "key_digest": key_digest},
+    )
+    if on_key != 1:
+        raise _HoldRefused(_KEY_REFUSED)
+    on_member = execute_on_driver(
+        connection, statements.reserve_on_member(statements.MEMBER_WITHIN_BUDGET), parameters
+    )
+    if on_member != 1:
+        raise _HoldRefused(_MEMBER_REFUSED)
+    key_window, member_window = connection.execute(
+        statements.HOLD_WINDOWS, {"key_id": hold["api_key_id"]}
+    ).one()
+    hold.update(key_window_start=key_window, member_window_start=member_window)
+
+
+def _hold_alone(hold: dict[str, Any], windows: dict[str, int], key_digest: str | None) -> str:
     """Do what _hold_steps does in one statement, alone."""
-    statement, parameters = hold_statement(hold, month, key_digest)
+    statement, parameters = hold_statement(hold, windows, key_digest)
     matched = execute_alone(statement, parameters, prepared=True)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
-    if hold["api_key_id"] is not None and matched[1] != 1:
-        return _KEY_REFUSED
+    if hold["api_key_id"] is not None:
+        if matched[1] != 1:
+            return _KEY_REFUSED
+        if matched[2] != 1:
+            return _MEMBER_REFUSED
     return _HELD
 
 
 def hold_statement(
-    hold: dict[str, Any], month: int, key_digest: str | None = None
+    hold: dict[str, Any], windows: dict[str, int], key_digest: str | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """Return the one statement placing ``hold`` (a holds row's values), and its parameters."""
     parameters = {
@@ -305,17 +334,19 @@ def hold_statement(
         "status": hold["status"],
         "placed_at": hold["created_at"],
         "expires_at": hold["expires_at"],
-        "month": month,
+        **windows,
     }
     with_key = hold["api_key_id"] is not None
     statement = statements.hold_in_one_statement(
-        statements.ACCOUNT_COVERS, statements.KEY_WITHIN_LIMIT if with_key else None
+        statements.ACCOUNT_COVERS,
+        statements.KEY_WITHIN_LIMIT if with_key else None,
+        statements.MEMBER_WITHIN_BUDGET if with_key else None,
     )
     return statement, parameters
 
 
-def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> MonthlyLimitShortfall:
-    """Return what the key's monthly limit leaves, once sure the key itself may be used.
+def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> BudgetShortfall:
+    """Return what the key's budget leaves, once sure the key itself may be used.
 
     :raise KeyRevoked, InvalidKey: as place_hold.
     """
@@ -325,10 +356,12 @@ def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> Mont
     if key is None or key.state != ACTIVE or key_digest not in (None, key.digest):
         # The key's row was removed, or the key deleted or rotated, after its caller was found.
         raise InvalidKey()
-    limit = key.monthly_limit or Decimal(0)
-    return MonthlyLimitShortfall(
-        requested=amount, available=key.allowance or Decimal(0), monthly_limit=limit
-    )
+    return key.shortfall(amount, KEY_BUDGET)
+
+
+def _member_shortfall(key_id: int, amount: Decimal) -> BudgetShortfall:
+    """Return what the budget of the key's member leaves."""
+    return member_money(key_id).shortfall(amount, MEMBER_BUDGET)
 
 
 def settle_hold(
@@ -349,9 +382,10 @@ def settle_hold(
     hour's totals, in the same transaction.
 
     A cost above the hold (or a hold that expired meanwhile) is charged as far as the
-    balance and the key's monthly limit allow, never below zero or past the limit; what
-    is left unpaid is logged, and is the record's shortfall. A hold placed on a key moves
-    from the key's reservation to its month's spend, and the key is recorded as used.
+    balance and the budgets of the key and its member allow, never below zero or past a
+    budget; what is left unpaid is logged, and is the record's shortfall. A hold placed
+    on a key moves from the reservations of the key and its member to the spend of the
+    windows it was placed in, and the key is recorded as used.
 
     A settlement is never given up for a database that does not answer: it is tried
     again, on another connection, until it commits (or the process ends, and the sweeper
@@ -483,7 +517,6 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         charge=cost,
         released=hold.amount,
         key_id=hold.key_id,
-        month=spend_month(now),
         used_at=now,
         kind=CHARGE,
         entry_amount=-cost,
@@ -500,7 +533,7 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
 def _settle_steps(
     connection: Connection, hold: HeldCredit, cost: Decimal, writes: _Writes
 ) -> Decimal:
-    """Close the hold, charge the balance and the key's month, record the charge; return it."""
+    """Close the hold, charge the balance and the budget windows, record the charge; return it."""
     released = execute_on_driver(
         connection, statements.CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED}
     )
@@ -516,17 +549,9 @@ def _settle_steps(
         {"account_id": hold.account_id, "charge": charge, "released": reserved},
     )
     if hold.key_id is not None:
-        execute_on_driver(
-            connection,
-            statements.SPEND_ON_KEY,
-            {
-                "key_id": hold.key_id,
-                "charge": charge,
-                "released": reserved,
-                "month": spend_month(now),
-                "used_at": now,
-            },
-        )
+        spent = {"hold_id": hold.id, "key_id": hold.key_id, "charge": charge, "released": reserved}
+        execute_on_driver(connection, statements.SPEND_ON_KEY, {**spent, "used_at": now})
+        execute_on_driver(connection, statements.SPEND_ON_MEMBER, spent)
     if charge > 0:
         entry = {
             "account_id": hold.account_id,
@@ -595,8 +620,10 @@ def _payable(connection: Connection, hold: HeldCredit, cost: Decimal, reserved: 
     room = max(account_money(hold.account_id, connection=connection).available, Decimal(0))
     if hold.key_id is not None:
         key = key_money(hold.key_id, connection=connection)
-        if key is not None and key.allowance is not None:
-            room = min(room, key.allowance)
+        member = member_money(hold.key_id, connection=connection)
+        for allowance in (key and key.allowance, member and member.allowance):
+            if allowance is not None:
+                room = min(room, allowance)
     return min(cost, reserved + room)
 
 
@@ -633,15 +660,16 @@ def expired_holds_with_progress(*, limit: int = 500) -> list[tuple[HeldCredit, d
     (``app.generations.lifecycle.settle_interrupted``), not released.
     """
     rows = db.session.execute(
-        select(Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id, Hold.progress)
+        select(*_HELD_CREDIT, Hold.progress)
         .where(Hold.status == OPEN, Hold.expires_at < utcnow(), Hold.progress.is_not(None))
         .limit(limit)
     ).all()
     db.session.commit()
-    return [
-        (HeldCredit(row.id, row.account_id, row.amount, row.api_key_id), row.progress)
-        for row in rows
-    ]
+    return [(HeldCredit(*row[:-1]), row.progress) for row in rows]
+
+
+# A hold's columns, in HeldCredit's order.
+_HELD_CREDIT = (Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id)
 
 
 def release_expired_holds(*, account_id: int | None = None, limit: int = 500) -> int:
@@ -650,7 +678,7 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
     A hold whose stream recorded progress is left to be settled at it (see
     ``expired_holds_with_progress``).
     """
-    query = select(Hold.id, Hold.account_id, Hold.amount, Hold.api_key_id).where(
+    query = select(*_HELD_CREDIT).where(
         Hold.status == OPEN, Hold.expires_at < utcnow(), Hold.progress.is_(None)
     )
     if account_id is not None:
@@ -659,7 +687,7 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
     db.session.commit()
     released = 0
     for row in expired:
-        held = HeldCredit(row.id, row.account_id, row.amount, row.api_key_id)
+        held = HeldCredit(*row)
         released += write_transaction(lambda connection, held=held: _expire(connection, held))
     return released
 
@@ -676,9 +704,9 @@ def _expire(connection: Connection, hold: HeldCredit) -> int:
         {"account_id": hold.account_id, "charge": 0, "released": hold.amount},
     )
     if hold.key_id is not None:
-        execute_on_driver(
-            connection, statements.RELEASE_ON_KEY, {"key_id": hold.key_id, "amount": hold.amount}
-        )
+        released = {"key_id": hold.key_id, "amount": hold.amount}
+        execute_on_driver(connection, statements.RELEASE_ON_KEY, released)
+        execute_on_driver(connection, statements.RELEASE_ON_MEMBER, released)
     return 1
 
 
@@ -696,21 +724,38 @@ class AccountMoney:
 
 
 @dataclass(frozen=True)
-class KeyMoney:
-    """A key's state and digest, its monthly limit, this month's spend and reservations."""
+class BudgetMoney:
+    """A budget (None: none), what was spent in its current window, what holds reserve."""
 
-    state: str
-    digest: str
-    monthly_limit: Decimal | None
+    budget: Decimal | None
     spent: Decimal
-    month_reserved: Decimal
+    reserved: Decimal
+    window: str
 
     @property
     def allowance(self) -> Decimal | None:
-        """What the key may still hold or be charged this month; None: it has no limit."""
-        if self.monthly_limit is None:
+        """What may still be held or charged in this window; None: there is no budget."""
+        if self.budget is None:
             return None
-        return max(self.monthly_limit - self.spent - self.month_reserved, Decimal(0))
+        return max(self.budget - self.spent - self.reserved, Decimal(0))
+
+    def shortfall(self, amount: Decimal, holder: str) -> BudgetShortfall:
+        """Return why a hold of ``amount`` did not fit this budget (``holder``'s)."""
+        return BudgetShortfall(
+            requested=amount,
+            available=self.allowance or Decimal(0),
+            budget=self.budget or Decimal(0),
+            window=self.window,
+            holder=holder,
+        )
+
+
+@dataclass(frozen=True)
+class KeyMoney(BudgetMoney):
+    """A key's budget, and its state and digest."""
+
+    state: str = ACTIVE
+    digest: str = ""
 
 
 def account_money(account_id: int, *, connection: Connection | None = None) -> AccountMoney:
@@ -728,9 +773,25 @@ def key_money(key_id: int, *, connection: Connection | None = None) -> KeyMoney 
         statements.LOCKED_KEY_MONEY,
         connection,
         key_id=key_id,
-        month=spend_month(utcnow()),
+        **window_parameters(utcnow()),
     )
-    return None if row is None else KeyMoney(*row)
+    if row is None:
+        return None
+    return KeyMoney(
+        row.budget, row.spent, row.window_reserved, row.budget_window, row.state, row.digest
+    )
+
+
+def member_money(key_id: int, *, connection: Connection | None = None) -> BudgetMoney | None:
+    """Return the money of key ``key_id``'s member; on ``connection``, the row locked."""
+    row = _read_one(
+        statements.MEMBER_MONEY,
+        statements.LOCKED_MEMBER_MONEY,
+        connection,
+        key_id=key_id,
+        **window_parameters(utcnow()),
+    )
+    return None if row is None else BudgetMoney(*row)
 
 
 def _read_one(unlocked: Any, locked: Any, connection: Connection | None, **parameters: Any) -> Any:

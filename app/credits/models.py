@@ -119,6 +119,10 @@ class Hold(db.Model):
     # A stream's record of what it delivered so far, kept by its worker: what the hold is
     # settled at if it expires (the worker died) before the stream settled it.
     progress = mapped_column(JSON, nullable=True)
+    # The starts of the key's and of its member's budget windows the hold was placed in
+    # (app.budgets): its charge counts in those windows, even if it settles in the next.
+    key_window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    member_window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 # The key a rollup of charges made without a key is filed under: rows of a unique key

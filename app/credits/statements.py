@@ -18,21 +18,27 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BigInteger,
     ColumnElement,
     Insert,
+    Integer,
     ScalarSelect,
     Select,
     String,
+    TableClause,
     Update,
     and_,
     bindparam,
     case,
+    column,
     exists,
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
+    table,
     text,
     update,
 )
@@ -41,26 +47,92 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.models import ACTIVE, ApiKey
+from app.budgets import DAY, ROLLING_MICROS, WEEK
 from app.credits.models import OPEN, Account, Hold, LedgerEntry, UsageRollup
 from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
 rollups = UsageRollup.__table__
 keys = ApiKey.__table__
+# The member's budget counters (app.accounts.models.Membership, a layer above, which
+# builds on the ledger): the columns the ledger reads and writes, named here.
+memberships = table(
+    "memberships",
+    column("id", Integer()),
+    column("budget", Money()),
+    column("budget_window", String()),
+    column("window_start", BigInteger()),
+    column("window_spent", Money()),
+    column("window_reserved", Money()),
+)
 amount = bindparam("amount", type_=Money())
-month = bindparam("month")
-# What the key spent in the request's month: a new month starts from zero.
-month_spent = case((keys.c.spend_month == month, keys.c.month_spent), else_=0)
+charge = bindparam("charge", type_=Money())
+released = bindparam("released", type_=Money())
 
-# What a hold needs of the account's row and of its key's, and what it changes there.
+
+def window_start_now(rows: TableClause) -> ColumnElement[int]:
+    """Return the start of the window the hold's time falls in, for ``rows``' row.
+
+    The calendar windows' starts are parameters (app.budgets.window_parameters); a
+    rolling window goes on while it lasts, and starts again at the hold's time after.
+    """
+    now = bindparam("now_micros", type_=BigInteger())
+    rolling = [
+        (
+            rows.c.budget_window == window,
+            case((rows.c.window_start > now - seconds, rows.c.window_start), else_=now),
+        )
+        for window, seconds in ROLLING_MICROS.items()
+    ]
+    return case(
+        (rows.c.budget_window == DAY, bindparam("day_start", type_=BigInteger())),
+        (rows.c.budget_window == WEEK, bindparam("week_start", type_=BigInteger())),
+        *rolling,
+        else_=bindparam("month_start", type_=BigInteger()),
+    )
+
+
+def spent_in_window(rows: TableClause) -> ColumnElement[Any]:
+    """Return what ``rows``' row spent in the hold's window: a new window starts at zero."""
+    return case((rows.c.window_start == window_start_now(rows), rows.c.window_spent), else_=0)
+
+
+def within_budget(rows: TableClause) -> ColumnElement[bool]:
+    """Return the guard of a hold on ``rows``' row: no budget, or room for the amount."""
+    return or_(
+        rows.c.budget.is_(None),
+        spent_in_window(rows) + rows.c.window_reserved + amount <= rows.c.budget,
+    )
+
+
+def reserve_in_window(rows: TableClause) -> dict[Any, Any]:
+    """Return a hold's change to ``rows``' row: its window rolled over, the amount reserved."""
+    return {
+        rows.c.window_spent: spent_in_window(rows),
+        rows.c.window_start: window_start_now(rows),
+        rows.c.window_reserved: rows.c.window_reserved + amount,
+    }
+
+
+def spend_in_window(rows: TableClause, held_in: ColumnElement[Any]) -> dict[Any, Any]:
+    """Return a settlement's change to ``rows``' row: its reservation released, its charge spent.
+
+    The charge counts in the window the hold was placed in (``held_in``): in a window
+    that has ended since, it counts no more.
+    """
+    return {
+        rows.c.window_spent: rows.c.window_spent
+        + case((rows.c.window_start == held_in, charge), else_=0),
+        rows.c.window_reserved: rows.c.window_reserved - released,
+    }
+
+
+# What a hold needs of the account's row, its key's and its member's, and what it changes there.
 ACCOUNT_ROW = accounts.c.id == bindparam("account_id")
 ACCOUNT_COVERS = accounts.c.balance - accounts.c.reserved >= amount
 RESERVE_ON_ACCOUNT = {accounts.c.reserved: accounts.c.reserved + amount}
 KEY_ROW = keys.c.id == bindparam("key_id")
-KEY_WITHIN_LIMIT = or_(
-    keys.c.monthly_limit.is_(None),
-    month_spent + keys.c.month_reserved + amount <= keys.c.monthly_limit,
-)
+KEY_WITHIN_LIMIT = within_budget(keys)
 # The key is still as its caller presented it: active, under the same value. A caller
 # its process remembers (app.auth.caller_cache) may outlive its key's revocation,
 # rotation or deletion for the time the change takes to be heard; nothing is held on it.
@@ -68,11 +140,17 @@ key_digest = bindparam("key_digest", type_=String())
 KEY_AS_PRESENTED = and_(
     keys.c.state == ACTIVE, or_(key_digest.is_(None), keys.c.digest == key_digest)
 )
-RESERVE_ON_KEY = {
-    keys.c.month_spent: month_spent,
-    keys.c.spend_month: month,
-    keys.c.month_reserved: keys.c.month_reserved + amount,
-}
+RESERVE_ON_KEY = reserve_in_window(keys)
+# The key's member: a key belongs to one member for its life.
+KEYS_MEMBER = memberships.c.id == select(keys.c.member_id).where(KEY_ROW).scalar_subquery()
+MEMBER_WITHIN_BUDGET = within_budget(memberships)
+RESERVE_ON_MEMBER = reserve_in_window(memberships)
+# The windows a hold was placed in, as its key's and its member's rows say after it.
+HOLD_WINDOWS = (
+    select(keys.c.window_start, memberships.c.window_start)
+    .join(memberships, memberships.c.id == keys.c.member_id)
+    .where(KEY_ROW)
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -83,11 +161,17 @@ def reserve_on_account(covers: ColumnElement[bool]) -> Update:
 
 @functools.lru_cache(maxsize=4)
 def reserve_on_key(within_limit: ColumnElement[bool]) -> Update:
-    """Return the conditional UPDATE reserving the amount on the key, within its limit.
+    """Return the conditional UPDATE reserving the amount on the key, within its budget.
 
     It applies only to the key as its caller presented it (KEY_AS_PRESENTED).
     """
     return update(keys).where(KEY_ROW, KEY_AS_PRESENTED, within_limit).values(RESERVE_ON_KEY)
+
+
+@functools.lru_cache(maxsize=4)
+def reserve_on_member(within: ColumnElement[bool]) -> Update:
+    """Return the conditional UPDATE reserving the amount on the key's member, within budget."""
+    return update(memberships).where(KEYS_MEMBER, within).values(RESERVE_ON_MEMBER)
 
 
 INSERT_HOLD = insert(holds)
@@ -104,22 +188,39 @@ DEBIT = (
         reserved=accounts.c.reserved - bindparam("released", type_=Money()),
     )
 )
-# A settlement moves the key's reservation to its month's spend, and records its use:
-# the key's row is written by every settlement anyway.
-SPEND_ON_KEY = (
-    update(keys)
-    .where(keys.c.id == bindparam("key_id"))
-    .values(
-        month_spent=month_spent + bindparam("charge", type_=Money()),
-        spend_month=month,
-        month_reserved=keys.c.month_reserved - bindparam("released", type_=Money()),
-        last_used_at=bindparam("used_at", type_=UTCDateTime()),
+
+
+def spend_on_key(held_in: ColumnElement[Any]) -> Update:
+    """Return a settlement's UPDATE of the key: reservation to the spend of ``held_in``.
+
+    It records the key's use too: the key's row is written by every settlement anyway.
+    """
+    return (
+        update(keys)
+        .where(KEY_ROW)
+        .values({**spend_in_window(keys, held_in), keys.c.last_used_at: used_at})
     )
+
+
+def spend_on_member(held_in: ColumnElement[Any]) -> Update:
+    """Return a settlement's UPDATE of the key's member: reservation to the spend of ``held_in``."""
+    return update(memberships).where(KEYS_MEMBER).values(spend_in_window(memberships, held_in))
+
+
+# A settlement moves the key's and its member's reservations to the spend of the windows
+# the hold noted, as its row says when it is closed: a budget whose window changed since
+# notes its holds anew (app.accounts.budgets).
+used_at = bindparam("used_at", type_=UTCDateTime())
+HOLD_ROW = holds.c.id == bindparam("hold_id")
+SPEND_ON_KEY = spend_on_key(select(holds.c.key_window_start).where(HOLD_ROW).scalar_subquery())
+SPEND_ON_MEMBER = spend_on_member(
+    select(holds.c.member_window_start).where(HOLD_ROW).scalar_subquery()
 )
-RELEASE_ON_KEY = (
-    update(keys)
-    .where(keys.c.id == bindparam("key_id"))
-    .values(month_reserved=keys.c.month_reserved - amount)
+RELEASE_ON_KEY = update(keys).where(KEY_ROW).values(window_reserved=keys.c.window_reserved - amount)
+RELEASE_ON_MEMBER = (
+    update(memberships)
+    .where(KEYS_MEMBER)
+    .values(window_reserved=memberships.c.window_reserved - amount)
 )
 INSERT_ENTRY = insert(entries)
 EXTEND_HOLDS = (
@@ -163,14 +264,22 @@ ROLL_UP = text(
 # its hold a settlement may charge; the locked ones take the rows, account first.
 ACCOUNT_MONEY = select(accounts.c.balance, accounts.c.reserved).where(ACCOUNT_ROW)
 KEY_MONEY = select(
+    keys.c.budget,
+    spent_in_window(keys).label("spent"),
+    keys.c.window_reserved,
+    keys.c.budget_window,
     keys.c.state,
     keys.c.digest,
-    keys.c.monthly_limit,
-    month_spent.label("spent"),
-    keys.c.month_reserved,
 ).where(KEY_ROW)
+MEMBER_MONEY = select(
+    memberships.c.budget,
+    spent_in_window(memberships).label("spent"),
+    memberships.c.window_reserved,
+    memberships.c.budget_window,
+).where(KEYS_MEMBER)
 LOCKED_ACCOUNT_MONEY = ACCOUNT_MONEY.with_for_update()
 LOCKED_KEY_MONEY = KEY_MONEY.with_for_update()
+LOCKED_MEMBER_MONEY = MEMBER_MONEY.with_for_update()
 
 
 def with_holder_id(statement: ClauseElement) -> Any:
@@ -190,20 +299,23 @@ def with_holder_id(statement: ClauseElement) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def hold_in_one_statement(
-    covers: ColumnElement[bool], within_limit: ColumnElement[bool] | None
+    covers: ColumnElement[bool],
+    within_limit: ColumnElement[bool] | None,
+    member_within: ColumnElement[bool] | None = None,
 ) -> Select:
-    """Build PostgreSQL's hold: the account's and key's reservations and the hold's row.
+    """Build PostgreSQL's hold: the account's, key's and member's reservations, the hold's row.
 
     The guards are checked on the rows locked first (SELECT ... FOR UPDATE, the
-    account's before the key's, as in the separate statements), which yields their
-    latest versions; the UPDATEs and the INSERT then apply only if both locks matched,
-    and check nothing more of rows that nobody else can change meanwhile. So the
-    statement applies all of its steps or none, and needs no transaction around it. It
-    commits without waiting for the disk (COMMIT_WITHOUT_WAITING), which costs PostgreSQL
-    a sync and the request its wait (about 0.25 ms here). A server crash can then lose
-    only holds: a settlement is on disk when it returns (execute_durably), and the WAL
-    up to it with it, holds included; a settlement whose hold was lost charges what the
-    balance allows, as for an expired one. The SELECT says which guards matched.
+    account's, then the key's, then its member's, as in the separate statements), which
+    yields their latest versions; the UPDATEs and the INSERT then apply only if every
+    lock matched, and check nothing more of rows that nobody else can change meanwhile.
+    So the statement applies all of its steps or none, and needs no transaction around
+    it. It commits without waiting for the disk (COMMIT_WITHOUT_WAITING), which costs
+    PostgreSQL a sync and the request its wait (about 0.25 ms here). A server crash can
+    then lose only holds: a settlement is on disk when it returns (execute_durably), and
+    the WAL up to it with it, holds included; a settlement whose hold was lost charges
+    what the balance allows, as for an expired one. The SELECT says which guards
+    matched. The hold's row notes the windows its key and member counted it in.
     """
     covering = (
         select(accounts.c.id).where(with_holder_id(ACCOUNT_ROW), covers).with_for_update()
@@ -211,11 +323,19 @@ def hold_in_one_statement(
     checks = [covering]
     if within_limit is not None:
         within = (
-            select(keys.c.id)
+            select(keys.c.id, keys.c.member_id)
             .where(KEY_ROW, KEY_AS_PRESENTED, within_limit, exists(select(covering.c.id)))
             .with_for_update()
         ).cte("key_within_limit")
-        checks.append(within)
+        member = (
+            select(memberships.c.id)
+            .where(
+                memberships.c.id == select(within.c.member_id).scalar_subquery(),
+                member_within if member_within is not None else MEMBER_WITHIN_BUDGET,
+            )
+            .with_for_update()
+        ).cte("member_within_budget")
+        checks += [within, member]
     gate = exists(select(checks[-1].c.id))
     steps = [
         update(accounts)
@@ -224,14 +344,27 @@ def hold_in_one_statement(
         .returning(accounts.c.id)
         .cte("reserved")
     ]
+    windows: list[Any] = [None, None]
     if within_limit is not None:
-        steps.append(
+        on_key = (
             update(keys)
             .where(KEY_ROW, gate)
             .values(RESERVE_ON_KEY)
-            .returning(keys.c.id)
+            .returning(keys.c.window_start)
             .cte("reserved_on_key")
         )
+        on_member = (
+            update(memberships)
+            .where(memberships.c.id == select(checks[-1].c.id).scalar_subquery(), gate)
+            .values(RESERVE_ON_MEMBER)
+            .returning(memberships.c.window_start)
+            .cte("reserved_on_member")
+        )
+        steps += [on_key, on_member]
+        windows = [
+            select(on_key.c.window_start).scalar_subquery(),
+            select(on_member.c.window_start).scalar_subquery(),
+        ]
     hold_row = select(
         bindparam("hold_id", type_=String()),
         bindparam("holder_id"),
@@ -240,17 +373,29 @@ def hold_in_one_statement(
         bindparam("status", type_=String()),
         bindparam("placed_at", type_=UTCDateTime()),
         bindparam("expires_at", type_=UTCDateTime()),
+        *(window if window is not None else null() for window in windows),
     ).where(gate)
     steps.append(
         insert(holds)
         .from_select(
-            ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"],
+            [
+                "id",
+                "account_id",
+                "amount",
+                "api_key_id",
+                "status",
+                "created_at",
+                "expires_at",
+                "key_window_start",
+                "member_window_start",
+            ],
             hold_row,
         )
         .returning(holds.c.id)
         .cte("inserted_hold")
     )
-    return select(*(_row_count(check) for check in checks), COMMIT_WITHOUT_WAITING).add_cte(*steps)
+    counted = [_row_count(check) for check in checks]
+    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
 
 
 def _row_count(cte: CTE) -> ScalarSelect:
@@ -267,22 +412,29 @@ def settlement_in_one_statement(
 ) -> Select:
     """Build PostgreSQL's settlement of a hold that covers its cost, with its record.
 
-    CLOSE_HOLD, then DEBIT, SPEND_ON_KEY, INSERT_ENTRY, the record's INSERT (the
+    CLOSE_HOLD, then DEBIT, SPEND_ON_KEY, SPEND_ON_MEMBER, INSERT_ENTRY, the record's INSERT (the
     generation's row) and ROLL_UP, each only if the hold was still open (rows taken in
     the same order as the separate statements); the SELECT says whether it was, and
     commits as execute_durably chooses (COMMIT_AS_CHOSEN). A hold that was not has applied nothing,
     and is settled step by step. Nothing else can make a step miss its row, so the
     statement needs no transaction around it.
     """
-    closed = CLOSE_HOLD.returning(holds.c.id).cte("closed_hold")
+    closed = CLOSE_HOLD.returning(
+        holds.c.id, holds.c.key_window_start, holds.c.member_window_start
+    ).cte("closed_hold")
     gate = exists(select(closed.c.id))
     debited = with_holder_id(DEBIT).where(gate).returning(accounts.c.id).cte("debited")
     steps = [closed, debited]
     if with_key:
+        # The windows as the closed row says, after any lock it waited for.
+        on_key = spend_on_key(select(closed.c.key_window_start).scalar_subquery())
+        spent = on_key.where(exists(select(debited.c.id))).returning(keys.c.id).cte("spent_on_key")
+        steps.append(spent)
+        on_member = spend_on_member(select(closed.c.member_window_start).scalar_subquery())
         steps.append(
-            SPEND_ON_KEY.where(exists(select(debited.c.id)))
-            .returning(keys.c.id)
-            .cte("spent_on_key")
+            on_member.where(exists(select(spent.c.id)))
+            .returning(memberships.c.id)
+            .cte("spent_on_member")
         )
     if with_entry:
         entry_row = select(

@@ -15,10 +15,12 @@ from wtforms import (
 )
 from wtforms.validators import DataRequired, Length, Optional, Regexp, ValidationError
 
+from app.accounts.budgets import checked_budget_amount
 from app.accounts.errors import InvalidKeyLimits
-from app.accounts.keys import checked_monthly_limit, checked_permitted_models
+from app.accounts.keys import checked_permitted_models
 from app.accounts.models import ROLES
 from app.accounts.passwords import MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH
+from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
 
 MAX_USD = Decimal("1000000")
 PASSWORD_LENGTH = Length(
@@ -63,6 +65,18 @@ class SetPasswordForm(FlaskForm):
     )
 
 
+WINDOW_CHOICES = [
+    (MONTH, "per month"),
+    (WEEK, "per week"),
+    (DAY, "per day"),
+    (FIVE_HOURS, "per 5 hours"),
+]
+WINDOW_HELP = (
+    "Calendar windows in UTC, weeks from Monday; 5 hours from the first request after "
+    "the last five hours ended."
+)
+
+
 def parse_usd(raw: str | None, *, allow_zero: bool) -> Decimal | None:
     """Return ``raw`` as USD, None when blank. :raise ValidationError: not such an amount."""
     if raw is None or not raw.strip():
@@ -90,8 +104,14 @@ class KeyLimitsForm(FlaskForm):
         description="Hold Ctrl or Cmd to choose several. None chosen: every model.",
     )
     monthly_limit = StringField(
-        "Monthly spend limit (USD)",
-        description="Blank: no limit. Counted per calendar month, UTC.",
+        "Spend limit (USD)",
+        description="Blank: no limit. Counted in the window below.",
+    )
+    limit_window = SelectField(
+        "Limit window",
+        choices=WINDOW_CHOICES,
+        default=MONTH,
+        description=WINDOW_HELP,
     )
 
     def validate_permitted_models(self, field: SelectMultipleField) -> None:
@@ -105,7 +125,7 @@ class KeyLimitsForm(FlaskForm):
         """Refuse a negative or non-numeric limit."""
         amount = parse_usd(field.data, allow_zero=True)
         try:
-            field.amount = checked_monthly_limit(amount)
+            field.amount = checked_budget_amount(amount, "the monthly limit")
         except InvalidKeyLimits as error:
             raise ValidationError(str(error).capitalize() + ".") from None
 
@@ -143,6 +163,21 @@ class InviteForm(FlaskForm):
         ],
     )
     role = SelectField("Role", choices=ROLE_CHOICES, default="member")
+
+
+class BudgetForm(FlaskForm):
+    """A member's budget: an amount in USD (blank: none) a window."""
+
+    amount = StringField("Budget (USD)", description="Blank: no budget.")
+    window = SelectField("Window", choices=WINDOW_CHOICES, default=MONTH, description=WINDOW_HELP)
+
+    def validate_amount(self, field: StringField) -> None:
+        """Refuse a negative or non-numeric amount."""
+        amount = parse_usd(field.data, allow_zero=True)
+        try:
+            field.amount = checked_budget_amount(amount)
+        except InvalidKeyLimits as error:
+            raise ValidationError(str(error).capitalize() + ".") from None
 
 
 class RoleForm(FlaskForm):

@@ -13,14 +13,17 @@ from flask_login import current_user, login_required
 from werkzeug.wrappers import Response as BaseResponse
 
 from app.accounts import members
+from app.accounts.budgets import set_member_budget
 from app.accounts.changes import recent_changes
 from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
 from app.accounts.models import ADMIN, OWNER
 from app.accounts.organisations import memberships_of
-from app.dashboard.forms import InviteForm, OrganisationForm, RoleForm
+from app.budgets import budget_state
+from app.dashboard.forms import BudgetForm, InviteForm, OrganisationForm, RoleForm
 from app.dashboard.security import role_required
 from app.dashboard.session import switch_organisation
 from app.dashboard.views import bp
+from app.database import utcnow
 from app.mail import mail_configured, send_mail
 
 
@@ -35,6 +38,8 @@ def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
         rows=rows,
         form=form,
         role_form=RoleForm,
+        budget_form=BudgetForm,
+        budgets={row.membership.id: budget_state(row.membership, utcnow()) for row in rows},
         link=link,
         may_make_owners=current_user.role == OWNER,
     )
@@ -105,6 +110,28 @@ def change_role(member_id: int) -> BaseResponse:
         flash(str(error), "error")
         return redirect(url_for(".list_members"))
     flash(f"Changed the role to {member.role}.", "success")
+    return redirect(url_for(".list_members"))
+
+
+@bp.post("/members/<int:member_id>/budget")
+@role_required(ADMIN)
+def set_budget(member_id: int) -> BaseResponse:
+    """Set or clear a member's budget: an amount in USD a window, for all their keys."""
+    form = BudgetForm()
+    if not form.validate():
+        flash(" ".join(error for errors in form.errors.values() for error in errors), "error")
+        return redirect(url_for(".list_members"))
+    try:
+        member = members.find_member(current_user.account_id, member_id)
+    except MemberNotFound:
+        abort(404)
+    set_member_budget(
+        member.id,
+        amount=form.amount.amount,
+        window=form.window.data,
+        actor=current_user.person_id,
+    )
+    flash("Saved the budget.", "success")
     return redirect(url_for(".list_members"))
 
 

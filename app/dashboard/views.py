@@ -28,6 +28,7 @@ from werkzeug.exceptions import Forbidden, NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from app.accounts import keys
+from app.accounts.budgets import set_key_budget
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
 from app.accounts.invites import (
@@ -41,6 +42,7 @@ from app.accounts.members import has_role
 from app.accounts.models import ADMIN
 from app.accounts.passwords import WeakPassword, authenticate, register_account
 from app.auth.models import ApiKey
+from app.budgets import MONTH
 from app.catalog.registry import current_catalog
 from app.credits.accounts import AccountExists
 from app.credits.errors import IdempotencyConflict
@@ -290,6 +292,7 @@ def create_key() -> tuple[str, int]:
             monthly_limit=form.monthly_limit.amount,
             actor=current_user.person_id,
         )
+        _set_limit_window(issued.id, form)
     except InvalidKeyLimits as error:
         form.permitted_models.errors.append(str(error))
         return _keys_page(form, 400)
@@ -349,6 +352,7 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
                 monthly_limit=form.monthly_limit.amount,
                 actor=current_user.person_id,
             )
+            _set_limit_window(key.id, form)
         except InvalidKeyLimits as error:
             form.permitted_models.errors.append(str(error))
         else:
@@ -358,11 +362,23 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
     return render_template("dashboard/key_edit.html", key=key, form=form), status
 
 
+def _set_limit_window(key_id: int, form: KeyLimitsForm) -> None:
+    """Count the key's limit in the window chosen (the month is the limit's own)."""
+    if form.limit_window.data != MONTH:
+        set_key_budget(
+            key_id,
+            amount=form.monthly_limit.amount,
+            window=form.limit_window.data,
+            actor=current_user.person_id,
+        )
+
+
 def _limits_data(key: ApiKey) -> dict[str, object]:
-    limit = key.monthly_limit
+    limit = key.budget
     return {
         "permitted_models": key.permitted_models or [],
         "monthly_limit": "" if limit is None else f"{limit.normalize():f}",
+        "limit_window": key.budget_window,
     }
 
 

@@ -40,6 +40,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
 from app.catalog.pricing import Pricing, cost_of
+from app.credits.budget_audit import budget_mismatches
 from app.credits.ledger import hour_of
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.database import utcnow, write_transaction
@@ -146,8 +147,12 @@ def _audit_scope(scope: _Scope) -> tuple[list[Mismatch], int]:
         Mismatch(subject, problem, account_id)
         for account_id, subject, problem in rollup_mismatches(scope.account_ids, first_hour)
     ]
+    budget_problems = [
+        Mismatch(subject, problem, account_id)
+        for account_id, subject, problem in budget_mismatches(scope.account_ids)
+    ]
     db.session.commit()
-    return problems + generation_problems + rollup_problems, checked
+    return problems + generation_problems + rollup_problems + budget_problems, checked
 
 
 def _account_mismatches(scope: _Scope) -> Iterator[Mismatch]:

@@ -21,8 +21,8 @@ from app.auth.keys import Caller
 from app.catalog.pricing import Pricing, cost_of, worst_case_cost
 from app.catalog.registry import Model
 from app.credits.ledger import (
+    BudgetShortfall,
     HeldCredit,
-    MonthlyLimitShortfall,
     Rollup,
     Shortfall,
     hour_of,
@@ -118,10 +118,10 @@ def start_generation(
     generation_id = generation_id or new_generation_id()
     hold = HoldTerms(caller, generation_id, hold_ttl_seconds)
     held = _hold_worst_case(hold, model, request, prompt_tokens)
-    if isinstance(held, Shortfall | MonthlyLimitShortfall) and not exact:
+    if isinstance(held, Shortfall | BudgetShortfall) and not exact:
         prompt_tokens, exact = route.adapter.count_prompt_tokens(request, route.target), True
         held = _hold_worst_case(hold, model, request, prompt_tokens)
-    if isinstance(held, Shortfall | MonthlyLimitShortfall):
+    if isinstance(held, Shortfall | BudgetShortfall):
         raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
     generation = Generation(
         id=generation_id,
@@ -163,7 +163,7 @@ def new_generation_id() -> str:
 
 def _hold_worst_case(
     terms: HoldTerms, model: Model, request: ChatRequest, prompt_tokens: int
-) -> HeldCredit | Shortfall | MonthlyLimitShortfall:
+) -> HeldCredit | Shortfall | BudgetShortfall:
     completion_tokens = (request.max_output_tokens or model.max_output_tokens) * (
         request.choice_count
     )

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 from decimal import Decimal
 
+from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
 from app.catalog.pricing import affordable_completion_tokens
 from app.catalog.registry import Model
 from app.credits.errors import InsufficientCredits
-from app.credits.ledger import MonthlyLimitShortfall, Shortfall
+from app.credits.ledger import KEY_BUDGET, BudgetShortfall, Shortfall
 from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
 from app.providers.base import ChatRequest
 
@@ -71,7 +72,7 @@ def _refuse_images(request: ChatRequest, model: Model) -> None:
 
 
 def insufficient_credits(
-    shortfall: Shortfall | MonthlyLimitShortfall,
+    shortfall: Shortfall | BudgetShortfall,
     *,
     model: Model,
     request: ChatRequest,
@@ -84,8 +85,8 @@ def insufficient_credits(
         )
         // request.choice_count
     )
-    if isinstance(shortfall, MonthlyLimitShortfall):
-        return InsufficientCredits(_monthly_limit_message(shortfall, affordable))
+    if isinstance(shortfall, BudgetShortfall):
+        return InsufficientCredits(_budget_message(shortfall, affordable))
     message = (
         f"Insufficient credits: this request may cost up to ${shortfall.requested:f} "
         f"but the available balance is ${max(shortfall.available, Decimal(0)):f}."
@@ -97,12 +98,28 @@ def insufficient_credits(
     return InsufficientCredits(message)
 
 
-def _monthly_limit_message(shortfall: MonthlyLimitShortfall, affordable: int) -> str:
+# How a refusal names a budget's window, and the window after it.
+_WINDOW_NAMES = {
+    DAY: ("daily", "the next day (UTC)"),
+    WEEK: ("weekly", "the next week (UTC, from Monday)"),
+    MONTH: ("monthly", "the next month"),
+    FIVE_HOURS: ("5-hour", "the next 5-hour window"),
+}
+
+
+def _budget_message(shortfall: BudgetShortfall, affordable: int) -> str:
+    """Say which budget refused the hold (the key's or its member's), and what it leaves."""
+    period, next_window = _WINDOW_NAMES[shortfall.window]
+    left = "this month (UTC)" if shortfall.window == MONTH else "in this window"
+    if shortfall.holder == KEY_BUDGET:
+        limit, holder, raised = f"this API key's {period} limit", "the key", "the key's limit"
+    else:
+        limit, holder, raised = f"the member's {period} budget", "the member", "the budget"
     message = (
-        f"Insufficient credits under this API key's monthly limit of "
-        f"${shortfall.monthly_limit:f}: this request may cost up to ${shortfall.requested:f} "
-        f"but the key has ${shortfall.available:f} left this month (UTC)."
+        f"Insufficient credits under {limit} of ${shortfall.budget:f}: this request may "
+        f"cost up to ${shortfall.requested:f} but {holder} has ${shortfall.available:f} "
+        f"left {left}."
     )
     if affordable > 0:
-        return message + f" Set max_tokens to at most {affordable}, or raise the key's limit."
-    return message + " Raise the key's limit or wait for the next month."
+        return message + f" Set max_tokens to at most {affordable}, or raise {raised}."
+    return message + f" Raise {raised} or wait for {next_window}."

@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlalchemy import case, func, select
 
+from app.accounts.models import Membership
 from app.auth.models import ApiKey
+from app.budgets import BudgetState, budget_state
 from app.credits.ledger import hour_of, month_start
 from app.credits.models import UsageRollup
 from app.database import utcnow
@@ -22,25 +24,23 @@ from app.extensions import db
 
 @dataclass(frozen=True)
 class KeyUsage:
-    """A key's name and limits, and its spend today and this month (UTC), in USD."""
+    """A key's name and limits, its spend today and this month (UTC), in USD, and budgets.
+
+    ``budget`` is the key's, ``member_budget`` its member's (which all their keys count
+    against), each as its counters stand now.
+    """
 
     name: str
     display_prefix: str
     permitted_models: list[str] | None
-    monthly_limit: Decimal | None
     spent_today: Decimal
     spent_this_month: Decimal
-
-    @property
-    def limit_remaining(self) -> Decimal | None:
-        """What the key may still spend this month; None when it has no monthly limit."""
-        if self.monthly_limit is None:
-            return None
-        return max(self.monthly_limit - self.spent_this_month, Decimal(0))
+    budget: BudgetState
+    member_budget: BudgetState
 
 
 def key_usage(key_id: int, now: datetime | None = None) -> KeyUsage:
-    """Return key ``key_id``'s limits and spend."""
+    """Return key ``key_id``'s limits, spend and budgets."""
     now = now or utcnow()
     key = db.session.get(ApiKey, key_id)
     day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -50,13 +50,15 @@ def key_usage(key_id: int, now: datetime | None = None) -> KeyUsage:
             *_key_hours(key.account_id, key_id, month_start(now))
         )
     ).one()
+    member = db.session.get(Membership, key.member_id)
     usage = KeyUsage(
         name=key.name,
         display_prefix=key.display_prefix,
         permitted_models=key.permitted_models,
-        monthly_limit=key.monthly_limit,
         spent_today=spent[0] or Decimal(0),
         spent_this_month=spent[1] or Decimal(0),
+        budget=budget_state(key, now),
+        member_budget=budget_state(member, now),
     )
     db.session.commit()
     return usage

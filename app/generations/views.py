@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, Response, current_app, g
 
 from app.auth.decorators import require_api_key
+from app.budgets import BudgetState
 from app.encoding import dumps
 from app.generations.lookup import find_generation_or_raise, generation_body
 from app.generations.usage import key_usage
@@ -15,21 +18,36 @@ bp = Blueprint("generations", __name__)
 @bp.get("/key")
 @require_api_key
 def read_key() -> Response:
-    """Answer the calling key's name, limits, and spend today and this month (UTC), in USD."""
+    """Answer the calling key's name, limits, spend today and this month (UTC), budgets."""
     usage = key_usage(g.caller.key_id)
     body = {
         "data": {
             "name": usage.name,
             "display_prefix": usage.display_prefix,
             "permitted_models": usage.permitted_models,
-            "limit": usage.monthly_limit,
-            "limit_remaining": usage.limit_remaining,
+            "limit": usage.budget.amount,
+            "limit_remaining": usage.budget.remaining,
             "usage_daily": usage.spent_today,
             "usage_monthly": usage.spent_this_month,
+            "budget": budget_body(usage.budget),
+            "member_budget": budget_body(usage.member_budget),
             "rate_limit": current_app.config["RATE_LIMIT"],
         }
     }
     return Response(dumps(body), mimetype="application/json")
+
+
+def budget_body(budget: BudgetState) -> dict[str, Any]:
+    """Return a budget as GET /v1/key shows it (amount and remaining None: no budget)."""
+    return {
+        "amount": budget.amount,
+        "window": budget.window,
+        "window_start": budget.window_start.isoformat(),
+        "resets_at": budget.resets_at.isoformat(),
+        "spent": budget.spent,
+        "reserved": budget.reserved,
+        "remaining": budget.remaining,
+    }
 
 
 @bp.get("/generations/<generation_id>")

@@ -133,7 +133,7 @@ def test_racing_requests_never_take_a_key_past_its_monthly_limit(
             select(Account.balance, Account.reserved).where(Account.id == account_id)
         ).one()
         month_spent, month_reserved = db.session.execute(
-            select(ApiKey.month_spent, ApiKey.month_reserved).where(ApiKey.id == key_id)
+            select(ApiKey.window_spent, ApiKey.window_reserved).where(ApiKey.id == key_id)
         ).one()
         charged = -db.session.scalar(
             select(db.func.sum(LedgerEntry.amount)).where(

@@ -207,4 +207,4 @@ def test_a_limit_set_while_a_request_runs_counts_its_hold_and_charge(
     with app.app_context():
         key = db.session.get(ApiKey, funded.key_id)
         db.session.refresh(key)
-        assert (key.month_spent, key.month_reserved) == (generation.cost, 0)
+        assert (key.window_spent, key.window_reserved) == (generation.cost, 0)

@@ -33,9 +33,9 @@ def key_state(app, key_id: int) -> tuple | None:
     """The key's row as the database has it, or None if it is gone."""
     with app.app_context():
         row = db.session.execute(
-            select(
-                ApiKey.state, ApiKey.digest, ApiKey.permitted_models, ApiKey.monthly_limit
-            ).where(ApiKey.id == key_id)
+            select(ApiKey.state, ApiKey.digest, ApiKey.permitted_models, ApiKey.budget).where(
+                ApiKey.id == key_id
+            )
         ).first()
         return tuple(row) if row else None
 
@@ -197,7 +197,7 @@ def test_a_key_is_created_with_its_limits_and_shown_once(app, holder_client):
     assert value not in listing and value[:12] in listing
     with app.app_context():
         key = db.session.scalar(select(ApiKey).where(ApiKey.account_id == account_id))
-        assert key.permitted_models == ["dev-chat-mini"] and key.monthly_limit == Decimal("2.5")
+        assert key.permitted_models == ["dev-chat-mini"] and key.budget == Decimal("2.5")
 
 
 def test_editing_limits_saves_them_or_changes_nothing(app, holder_client):

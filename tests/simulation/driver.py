@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import bindparam, case, func, select, true, type_coerce
+from sqlalchemy import bindparam, func, select, true, type_coerce
 
-from app import sweeper
+from app import budgets, sweeper
+from app.accounts import budgets as budget_admin
 from app.accounts import keys as key_admin
 from app.accounts import members
 from app.accounts.invites import accept_invite
@@ -37,7 +38,7 @@ from app.completions.bodies import chunk_bodies, completion_body
 from app.credits import ledger, statements
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import Money, UTCDateTime
+from app.database import Money
 from app.encoding import dumps
 from app.extensions import db
 from app.generations import audit as audit_module
@@ -111,7 +112,7 @@ def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> Non
     for module in (
         ledger,
         generations,
-        key_admin,
+        budget_admin,
         idempotency,
         response_store,
         audit_module,
@@ -297,9 +298,9 @@ def delete_key(key_id: int) -> None:
     key_admin.delete_key(key_id)
 
 
-def set_monthly_limit(key_id: int, limit: Decimal | None) -> None:
-    """Set (or with None, lift) the key's monthly spend limit; every model stays permitted."""
-    key_admin.update_key_limits(key_id, permitted_models=None, monthly_limit=limit)
+def set_budget(key_id: int, amount: Decimal | None, window: str) -> None:
+    """Set (or with None, lift) the key's budget of ``amount`` a ``window``."""
+    budget_admin.set_key_budget(key_id, amount=amount, window=window)
 
 
 def api_of(number: int) -> str:
@@ -664,20 +665,25 @@ def account_states(account_ids: list[int]) -> dict[int, AccountState]:
 
 @dataclass(frozen=True)
 class KeyState:
-    """A key's row (limit, month's spend, reservation) beside the sums they must equal."""
+    """A key's row (budget, its window's spend, reservation) beside the sums they must equal.
 
-    monthly_limit: Decimal | None
-    month_spent: Decimal
+    ``charged_in_window`` is what the key's requests held in its current window (worked
+    out here from the window's rules, not by the ledger's statements) were charged.
+    """
+
+    budget: Decimal | None
+    window: str
+    window_spent: Decimal
     reserved: Decimal
     open_holds_sum: Decimal
-    spent_this_month: Decimal
+    charged_in_window: Decimal
 
     @property
     def allowance(self) -> Decimal | None:
-        """What the key may still hold or be charged this month (None: no limit)."""
-        if self.monthly_limit is None:
+        """What the key may still hold or be charged in its window (None: no budget)."""
+        if self.budget is None:
             return None
-        return max(self.monthly_limit - self.month_spent - self.reserved, Decimal(0))
+        return max(self.budget - self.window_spent - self.reserved, Decimal(0))
 
 
 _KEY_IDS = bindparam("key_ids", expanding=True)
@@ -686,35 +692,38 @@ _open_on_key = (
     .where(Hold.api_key_id == ApiKey.id, Hold.status == ledger.OPEN)
     .scalar_subquery()
 )
-_charged_this_month = (
-    select(func.coalesce(func.sum(GenerationRecord.cost), 0))
-    .where(
-        GenerationRecord.api_key_id == ApiKey.id,
-        GenerationRecord.created_at >= bindparam("since", type_=UTCDateTime()),
-    )
-    .scalar_subquery()
-)
-_KEY_STATES = select(
+_KEY_ROWS = select(
     ApiKey.id,
-    ApiKey.monthly_limit,
-    type_coerce(
-        case((ApiKey.spend_month == bindparam("month"), ApiKey.month_spent), else_=0), Money()
-    ),
-    ApiKey.month_reserved,
+    ApiKey.budget,
+    ApiKey.budget_window,
+    ApiKey.window_start,
+    ApiKey.window_spent,
+    ApiKey.window_reserved,
     type_coerce(_open_on_key, Money()),
-    type_coerce(_charged_this_month, Money()),
 ).where(ApiKey.id.in_(_KEY_IDS))
+_KEY_CHARGES = (
+    select(Hold.api_key_id, Hold.created_at, LedgerEntry.amount)
+    .join(LedgerEntry, LedgerEntry.generation_id == Hold.id)
+    .where(Hold.api_key_id.in_(_KEY_IDS), Hold.status != ledger.OPEN, LedgerEntry.kind == "charge")
+)
 
 
 def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
-    """Each key's row, its open holds and what its generations were charged this month."""
-    parameters = {
-        "key_ids": key_ids,
-        "month": ledger.spend_month(now),
-        "since": ledger.month_start(now),
-    }
-    rows = db.session.execute(_KEY_STATES, parameters).all()
-    return {key_id: KeyState(*state) for key_id, *state in rows}
+    """Each key's row, its open holds and what its requests held in its window were charged."""
+    charges: dict[int, list[tuple[datetime, Decimal]]] = {key_id: [] for key_id in key_ids}
+    for key_id, placed_at, amount in db.session.execute(_KEY_CHARGES, {"key_ids": key_ids}):
+        charges[key_id].append((placed_at, -amount))
+    states = {}
+    rows = db.session.execute(_KEY_ROWS, {"key_ids": key_ids}).all()
+    for key_id, budget, window, stored, spent, reserved, held in rows:
+        start = budgets.current_window_start(window, stored, now)
+        since = budgets.from_unix_micros(start)
+        charged = sum((c for placed_at, c in charges[key_id] if placed_at >= since), Decimal(0))
+        if window in budgets.ROLLING_MICROS and start != stored:
+            charged = Decimal(0)  # the next request starts the window: nothing is in it yet
+        spent = spent if stored == start else Decimal(0)
+        states[key_id] = KeyState(budget, window, spent, reserved, held, charged)
+    return states
 
 
 def open_holds(account_ids: list[int]) -> list[OpenHold]:
@@ -844,7 +853,7 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Break the ledger on purpose: a key's hold is placed whatever its monthly limit."""
+    """Break the ledger on purpose: a key's hold is placed whatever its budget."""
     monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from app.budgets import WINDOWS
 from app.providers.base import Usage
 from app.providers.errors import UpstreamError
 from tests.simulation import driver
@@ -75,7 +76,7 @@ class SimKey:
     value: str
     state: str = ACTIVE
     old_values: list[str] = field(default_factory=list)
-    monthly_limit: Decimal | None = None
+    budget: Decimal | None = None
     member_id: int | None = None
 
 
@@ -409,7 +410,7 @@ class Simulation:
             self.fail([f"{request.name} refused 402 with ${worst} needed and enough available"])
 
     def key_short(self, key: SimKey, amount: Decimal) -> bool:
-        """Whether the key's monthly limit leaves less than ``amount`` this month."""
+        """Whether the key's budget leaves less than ``amount`` in its window."""
         allowance = driver.key_states([key.id], self.clock.now())[key.id].allowance
         driver.end_reads()
         return allowance is not None and allowance < amount
@@ -678,7 +679,7 @@ class Simulation:
         """What may be charged for this request if it settles in the next step.
 
         Its hold if still open, and beyond it what the account has available and the
-        key's monthly limit still allows.
+        key's budget still allows.
         """
         hold_id, amount = driver.hold_of(request.generation)
         state = driver.account_states([request.account.id])[request.account.id]
@@ -904,7 +905,7 @@ class Simulation:
         return f"a{account.index} removes member {position}: {revoked} keys revoked"
 
     def change_limit(self) -> str:
-        """The owner sets, changes or lifts a key's monthly limit."""
+        """The owner sets, changes or lifts a key's budget, in one of the windows."""
         keys = [k for account in self.accounts for k in account.keys if k.state != DELETED]
         key = self.random.choice(keys)
         limit = None
@@ -912,10 +913,11 @@ class Simulation:
             limit = self.money(Decimal("0.0005"), Decimal("0.02"))
         if not self.faults.limit_keys_in_flight and self.in_flight(key):
             return f"keep the limit of key {key.name}: a request made with it is running"
-        driver.set_monthly_limit(key.id, limit)
-        key.monthly_limit = limit
+        window = self.random.choice(WINDOWS)
+        driver.set_budget(key.id, limit, window)
+        key.budget = limit
         self.limit_changed = key
-        return f"limit key {key.name} to ${limit} a month"
+        return f"limit key {key.name} to ${limit} a {window}"
 
     def in_flight(self, key: SimKey) -> bool:
         """Whether a live request was made with ``key``."""
@@ -999,7 +1001,7 @@ class Simulation:
                 yield f"{request.name} is running but its hold is no longer open"
 
     def key_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
-        """A key's row is its open holds and its month's charges; it never passes its limit.
+        """A key's row is its open holds and its window's charges; it never passes its budget.
 
         Deleted keys too: their rows stay, and their running requests still settle on them.
         """
@@ -1014,19 +1016,19 @@ class Simulation:
             state = states[key.id]
             if state.reserved != state.open_holds_sum:
                 yield f"key {key.name}: reserved ${state.reserved}, holds ${state.open_holds_sum}"
-            if state.month_spent != state.spent_this_month:
+            if state.window_spent != state.charged_in_window:
                 yield (
-                    f"key {key.name}: spent ${state.month_spent} this month by its row, "
-                    f"its generations were charged ${state.spent_this_month}"
+                    f"key {key.name}: spent ${state.window_spent} this {state.window} by its "
+                    f"row, its requests held in it were charged ${state.charged_in_window}"
                 )
-            if state.monthly_limit is None:
+            if state.budget is None:
                 continue
-            total = state.month_spent + held[key.name]
-            excess = max(total - state.monthly_limit, Decimal(0))
+            total = state.window_spent + held[key.name]
+            excess = max(total - state.budget, Decimal(0))
             if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
                 yield (
-                    f"key {key.name}: spent ${state.month_spent} this month and holds "
-                    f"${held[key.name]}, past its monthly limit of ${state.monthly_limit}"
+                    f"key {key.name}: spent ${state.window_spent} this {state.window} and holds "
+                    f"${held[key.name]}, past its budget of ${state.budget}"
                 )
             self.key_excess[key.name] = excess
 

@@ -41,7 +41,7 @@ def test_a_hold_placed_whatever_the_balance_is_caught(disposable_app, monkeypatc
 def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
     driver.plant_hold_past_the_key_limit(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*past its monthly limit"):
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 3, step \d+.*past its budget"):
         simulation.run()
 
 

@@ -13,7 +13,7 @@ from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.keys import create_key, update_key_limits
 from app.auth.keys import find_caller
 from app.auth.models import ApiKey
-from app.credits.ledger import MonthlyLimitShortfall, Rollup, hour_of, place_hold, settle_hold
+from app.credits.ledger import BudgetShortfall, Rollup, hour_of, place_hold, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
@@ -59,7 +59,7 @@ def test_a_new_key_is_unlimited_by_default(app_context):
     account = AccountFactory.create()
     issued = create_key(account_id=account.id, name="plain")
     caller = find_caller(issued.value)
-    assert caller.permitted_models is None and caller.monthly_limit is None
+    assert caller.permitted_models is None
     assert caller.may_use("dev-chat") and caller.may_use("dev-slow")
 
 
@@ -73,10 +73,10 @@ def test_a_key_limited_at_creation_may_use_only_its_models(app_context):
     )
     key = db.session.get(ApiKey, issued.id)
     assert key.permitted_models == ["dev-chat-mini"]
-    assert key.monthly_limit == Decimal("0.00001")
+    assert key.budget == Decimal("0.00001")
     caller = find_caller(issued.value)
     assert caller.may_use("dev-chat-mini") and not caller.may_use("dev-chat")
-    assert caller.monthly_limit == Decimal("0.00001")
+    assert db.session.get(ApiKey, issued.id).budget == Decimal("0.00001")
 
 
 @pytest.mark.parametrize(
@@ -103,25 +103,25 @@ def test_invalid_limits_are_refused_and_nothing_is_written(app_context, models, 
         update_key_limits(issued.id, permitted_models=models, monthly_limit=limit)
     db.session.expire_all()
     key = db.session.get(ApiKey, issued.id)
-    assert key.permitted_models is None and key.monthly_limit is None
+    assert key.permitted_models is None and key.budget is None
 
 
 @pytest.mark.parametrize("limit", [Decimal(0), Decimal("0.000010"), Decimal("12.5"), 3])
 def test_zero_and_six_decimal_limits_are_valid(app_context, limit):
     account = AccountFactory.create()
     issued = create_key(account_id=account.id, name="k", monthly_limit=limit)
-    assert db.session.get(ApiKey, issued.id).monthly_limit == Decimal(limit)
+    assert db.session.get(ApiKey, issued.id).budget == Decimal(limit)
 
 
 def test_update_key_limits_sets_and_clears_them(app_context):
     account = AccountFactory.create()
     issued = create_key(account_id=account.id, name="k")
     key = update_key_limits(issued.id, permitted_models=["dev-chat"], monthly_limit=Decimal("2"))
-    assert key.permitted_models == ["dev-chat"] and key.monthly_limit == Decimal("2")
+    assert key.permitted_models == ["dev-chat"] and key.budget == Decimal("2")
     assert find_caller(issued.value).may_use("dev-chat-mini") is False
     update_key_limits(issued.id, permitted_models=None, monthly_limit=None)
     caller = find_caller(issued.value)
-    assert caller.permitted_models is None and caller.monthly_limit is None
+    assert caller.permitted_models is None
 
 
 def test_update_key_limits_of_an_unknown_key_raises(app_context):
@@ -151,7 +151,7 @@ def test_a_limit_set_mid_month_counts_what_the_key_already_spent(app_context):
     now = utcnow()
     record_generation(account.id, issued.id, "0.4", now)
     key = update_key_limits(issued.id, permitted_models=None, monthly_limit=Decimal("1"))
-    assert key.month_spent == Decimal("0.4")
+    assert key.window_spent == Decimal("0.4")
 
 
 def test_a_limit_set_while_a_request_runs_counts_its_hold_and_caps_its_charge(app_context):
@@ -165,11 +165,11 @@ def test_a_limit_set_while_a_request_runs_counts_its_hold_and_caps_its_charge(ap
     refused = place_hold(
         account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60, key_id=issued.id
     )
-    assert isinstance(refused, MonthlyLimitShortfall)
+    assert isinstance(refused, BudgetShortfall)
     assert refused.available == Decimal("0.4")
     # Usage beyond the hold is charged only as far as the limit still allows.
     charged = settle_hold(running, cost=Decimal("1.5"), generation_id=f"gen-{uuid.uuid4().hex}")
     assert charged == Decimal("1")
     key = db.session.get(ApiKey, issued.id)
     db.session.refresh(key)
-    assert (key.month_spent, key.month_reserved) == (Decimal("1"), 0)
+    assert (key.window_spent, key.window_reserved) == (Decimal("1"), 0)

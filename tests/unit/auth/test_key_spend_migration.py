@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -13,8 +13,10 @@ from flask_migrate import upgrade
 from sqlalchemy import column, insert, select, table, update
 
 from app import create_app
+from app.accounts.models import Membership
 from app.auth.models import ApiKey
-from app.credits.ledger import month_start, spend_month
+from app.budgets import unix_micros
+from app.credits.ledger import month_start
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
@@ -94,9 +96,12 @@ def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_ur
 
         upgrade(revision="0008")
 
+        columns = API_KEYS_AT_0018.c
         rows = {
             row.id: row
-            for row in db.session.execute(select(ApiKey.id, ApiKey.month_spent, ApiKey.spend_month))
+            for row in db.session.execute(
+                select(columns.id, columns.month_spent, columns.spend_month)
+            )
         }
         assert rows[unlimited].month_spent == Decimal("0.25")
         assert rows[unlimited].spend_month == spend_month(now)
@@ -104,5 +109,21 @@ def test_an_unlimited_keys_month_is_taken_from_its_generations(empty_database_ur
         assert rows[idle].spend_month == spend_month(now)
         assert rows[limited].month_spent == Decimal("0.5")
         assert rows[limited].spend_month == spend_month(now) - 1
+
+        # Revision 0020 makes the month a budget window: a key that last spent in an
+        # earlier month starts this one at zero.
+        db.session.commit()  # the migrations take its tables' locks
+        upgrade()
+        keys = {key.id: key for key in db.session.scalars(select(ApiKey))}
+        assert keys[limited].budget == Decimal("5") and keys[limited].budget_window == "month"
+        assert keys[limited].window_spent == 0 and keys[unlimited].window_spent == Decimal("0.25")
+        assert {key.window_start for key in keys.values()} == {unix_micros(month_start(now))}
+        members = db.session.execute(select(Membership.window_spent, Membership.budget)).all()
+        assert members == [(Decimal("0.25"), None)]
         db.session.remove()
         db.engine.dispose()
+
+
+def spend_month(moment: datetime) -> int:
+    """The calendar month (UTC) of ``moment`` as revision 0008 keeps it, ``YYYYMM``."""
+    return moment.year * 100 + moment.month

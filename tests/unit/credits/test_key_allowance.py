@@ -11,6 +11,7 @@ from sqlalchemy import update
 from app.accounts.keys import create_key
 from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
+from app.budgets import unix_micros
 from app.credits import ledger
 from app.credits.models import Account, Hold
 from app.database import utcnow
@@ -27,7 +28,7 @@ def limited_key(limit: str, credits: str = "100"):
 def key_counters(key_id: int) -> tuple:
     db.session.expire_all()
     key = db.session.get(ApiKey, key_id)
-    return key.month_spent, key.month_reserved
+    return key.window_spent, key.window_reserved
 
 
 def hold(account, key_id, amount: str):
@@ -41,8 +42,12 @@ def test_holds_reserve_on_the_key_up_to_its_limit(app_context):
     first = hold(account, key_id, "0.6")
     assert isinstance(first, ledger.HeldCredit) and first.key_id == key_id
     refused = hold(account, key_id, "0.5")
-    assert refused == ledger.MonthlyLimitShortfall(
-        requested=Decimal("0.5"), available=Decimal("0.4"), monthly_limit=Decimal("1")
+    assert refused == ledger.BudgetShortfall(
+        requested=Decimal("0.5"),
+        available=Decimal("0.4"),
+        budget=Decimal("1"),
+        window="month",
+        holder=ledger.KEY_BUDGET,
     )
     assert key_counters(key_id) == (0, Decimal("0.6"))
     db.session.expire_all()
@@ -57,21 +62,21 @@ def test_settlement_moves_the_reservation_to_the_months_spend(app_context):
     assert charged == Decimal("0.25")
     assert key_counters(key_id) == (Decimal("0.25"), 0)
     assert isinstance(hold(account, key_id, "0.75"), ledger.HeldCredit)
-    assert isinstance(hold(account, key_id, "0.000001"), ledger.MonthlyLimitShortfall)
+    assert isinstance(hold(account, key_id, "0.000001"), ledger.BudgetShortfall)
 
 
 def test_a_zero_limit_refuses_any_cost(app_context):
     account, key_id = limited_key("0")
-    assert isinstance(hold(account, key_id, "0.0000000001"), ledger.MonthlyLimitShortfall)
+    assert isinstance(hold(account, key_id, "0.0000000001"), ledger.BudgetShortfall)
     assert key_counters(key_id) == (0, 0)
 
 
 def test_a_new_month_starts_from_zero_spend(app_context):
     account, key_id = limited_key("1.00")
     ledger.settle_hold(hold(account, key_id, "1"), cost=Decimal("1"), generation_id="g-month-1")
-    assert isinstance(hold(account, key_id, "0.1"), ledger.MonthlyLimitShortfall)
-    last_month = ledger.spend_month(ledger.month_start(utcnow()) - timedelta(days=1))
-    db.session.execute(update(ApiKey).where(ApiKey.id == key_id).values(spend_month=last_month))
+    assert isinstance(hold(account, key_id, "0.1"), ledger.BudgetShortfall)
+    last_month = unix_micros(ledger.month_start(ledger.month_start(utcnow()) - timedelta(days=1)))
+    db.session.execute(update(ApiKey).where(ApiKey.id == key_id).values(window_start=last_month))
     db.session.commit()
     assert isinstance(hold(account, key_id, "1"), ledger.HeldCredit)
     assert key_counters(key_id) == (0, Decimal("1"))

@@ -10,6 +10,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from app.accounts.keys import create_key
 from app.auth.models import ApiKey
+from app.budgets import window_parameters
 from app.credits import ledger
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
@@ -179,7 +180,7 @@ def test_a_hold_commits_without_waiting_for_the_disk_and_only_itself(app_context
         "created_at": now,
         "expires_at": now,
     }
-    statement, parameters = ledger.hold_statement(hold, ledger.spend_month(now))
+    statement, parameters = ledger.hold_statement(hold, window_parameters(now))
     with db.engine.connect() as connection:
         with connection.begin():
             assert fetch_on_driver(connection, statement, parameters)[0][0] == 1

