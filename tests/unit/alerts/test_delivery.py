@@ -8,7 +8,7 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from app.alerts.delivery import deliver_alerts, deliver_due
-from app.alerts.endpoints import add_webhook, delivery_log, set_balance_threshold
+from app.alerts.endpoints import add_email, add_webhook, delivery_log, set_balance_threshold
 from app.alerts.models import DELIVERED, FAILED, AlertEvent
 from app.credits import ledger
 from app.database import utcnow
@@ -117,3 +117,31 @@ def test_a_receiver_failing_for_a_day_is_given_up(app_context):
     assert line.delivery.status == FAILED
     assert moment - line.delivery.created_at < timedelta(hours=24)
     assert 20 < line.delivery.attempts == receiver.posts < 40
+
+
+def test_an_alert_is_mailed_through_smtp_url(app_context, smtp_server, monkeypatch):
+    received, url = smtp_server
+    monkeypatch.setitem(app_context.config, "SMTP_URL", url)
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    add_email(account.id, "billing@example.com")
+    spend(account.id, "7", "mailed")
+    deliver_alerts()
+    [message] = received
+    assert message["To"] == "billing@example.com"
+    assert message["Subject"] == "Balance below $5"
+    assert "fell to $3, below its alert threshold of $5" in message.get_payload()
+    [line] = delivery_log(account.id)
+    assert (line.delivery.status, line.delivery.attempts) == (DELIVERED, 1)
+
+
+def test_mail_that_cannot_be_sent_is_retried(app_context, monkeypatch):
+    monkeypatch.setitem(app_context.config, "SMTP_URL", None)
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    add_email(account.id, "billing@example.com")
+    spend(account.id, "7", "unmailed")
+    deliver_alerts()
+    [line] = delivery_log(account.id)
+    assert (line.delivery.status, line.delivery.attempts) == ("pending", 1)
+    assert "SMTP_URL is not set" in line.delivery.last_error
