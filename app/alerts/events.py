@@ -11,9 +11,11 @@ from app.alerts.models import AlertEvent
 from app.money import usd_text
 
 BALANCE_BELOW_THRESHOLD = "balance.below_threshold"
+BUDGET_THRESHOLD_REACHED = "budget.threshold_reached"
+BUDGET_EXHAUSTED = "budget.exhausted"
 SIGNATURE_HEADER = "Gateway-Signature"
 # Fields the database writes in money units; the wire carries them as USD text.
-_MONEY_FIELDS = ("threshold", "balance")
+_MONEY_FIELDS = ("threshold", "balance", "budget", "spent")
 
 
 def event_body(event: AlertEvent) -> bytes:
@@ -45,6 +47,15 @@ def event_text(event: AlertEvent) -> tuple[str, str]:
         body = (
             f"The balance of organisation {data['organisation_id']} fell to "
             f"${data['balance']}, below its alert threshold of ${data['threshold']}.\n"
+        )
+        return subject, body
+    if event.type in (BUDGET_THRESHOLD_REACHED, BUDGET_EXHAUSTED):
+        holder = f"member {data['member_id']}" if "member_id" in data else f"key {data['key_id']}"
+        reached = "used up" if event.type == BUDGET_EXHAUSTED else f"{data['percent']}% used"
+        subject = f"Budget of {holder} {reached}"
+        body = (
+            f"In organisation {data['organisation_id']}, {holder} spent ${data['spent']} of its "
+            f"${data['budget']} budget this {data['window']}.\n"
         )
         return subject, body
     return event.type, json.dumps(data, indent=2) + "\n"
