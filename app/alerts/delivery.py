@@ -16,6 +16,7 @@ import logging
 from datetime import datetime, timedelta
 
 import requests
+from cryptography.fernet import InvalidToken
 from sqlalchemy import select, update
 
 from app.alerts.events import SIGNATURE_HEADER, event_body, event_text, signature
@@ -142,7 +143,11 @@ def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | No
     if endpoint.removed_at is not None:
         raise DeliveryFailed("the endpoint was removed")
     if endpoint.kind == WEBHOOK:
-        return post_webhook(endpoint.target, unseal(endpoint.sealed_secret), event, now)
+        try:
+            secret = unseal(endpoint.sealed_secret)
+        except InvalidToken as error:
+            raise DeliveryFailed("the secret is unreadable: SECRET_KEY changed") from error
+        return post_webhook(endpoint.target, secret, event, now)
     if endpoint.kind == EMAIL:
         subject, body = event_text(event)
         try:

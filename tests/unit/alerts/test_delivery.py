@@ -145,3 +145,19 @@ def test_mail_that_cannot_be_sent_is_retried(app_context, monkeypatch):
     [line] = delivery_log(account.id)
     assert (line.delivery.status, line.delivery.attempts) == ("pending", 1)
     assert "SMTP_URL is not set" in line.delivery.last_error
+
+
+def test_a_secret_sealed_under_another_secret_key_fails_the_try_not_the_deliverer(
+    app_context, monkeypatch
+):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    with webhook_receiver() as receiver:
+        _, receiver.secret = add_webhook(account.id, receiver.url)
+        monkeypatch.setitem(app_context.config, "SECRET_KEY", "another-secret-key")
+        spend(account.id, "6", "rekeyed")
+        deliver_alerts()
+    [line] = delivery_log(account.id)
+    assert receiver.posts == 0
+    assert (line.delivery.status, line.delivery.attempts) == ("pending", 1)
+    assert "SECRET_KEY changed" in line.delivery.last_error
