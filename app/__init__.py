@@ -64,7 +64,10 @@ def register_blueprints(app: Flask) -> None:
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
-    from app.dashboard import organisations  # noqa: F401  (adds its pages to the blueprint)
+    from app.dashboard import (
+        alerts,  # noqa: F401  (adds its page to the blueprint)
+        organisations,  # noqa: F401  (adds its pages to the blueprint)
+    )
     from app.dashboard import views as dashboard_views
     from app.generations import views as generation_views
     from app.messages import errors as message_errors

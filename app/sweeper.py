@@ -13,6 +13,10 @@ also prunes what has outlived its time: Idempotency-Key records past their 24 ho
 stored Responses API responses past RESPONSES_TTL_DAYS, and generations past
 GENERATION_RETENTION_DAYS, a small batch per transaction; and on PostgreSQL it adds the
 coming months' partitions and drops the expired ones.
+
+Beside it, each worker runs a deliverer greenlet (``run_alert_deliverer``): every
+ALERTS_POLL_SECONDS it sends the alert events the ledger wrote (app.alerts.delivery).
+It is a greenlet of its own so that a slow webhook never delays the sweeps.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from datetime import timedelta
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.alerts.delivery import deliver_alerts
 from app.credits.ledger import (
     expired_holds_with_progress,
     extend_holds,
@@ -193,3 +198,21 @@ def run_sweeper(app: Flask) -> None:
             prune_idempotency_records(app)
             prune_stored_responses(app)
             keep_history(app)
+
+
+def deliver_pending_alerts(app: Flask) -> int:
+    """Send the alert events that are due; return how many deliveries succeeded."""
+    with app.app_context():
+        try:
+            return deliver_alerts()
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("delivering alerts failed; will retry")
+            return 0
+
+
+def run_alert_deliverer(app: Flask) -> None:
+    """Deliver alert events every ALERTS_POLL_SECONDS; in a greenlet, forever."""
+    while True:
+        time.sleep(app.config["ALERTS_POLL_SECONDS"])
+        deliver_pending_alerts(app)

@@ -62,6 +62,8 @@ class Config:
     # (an invite's link is shown to whoever made it instead).
     SMTP_URL: str | None = None
     MAIL_FROM = "gateway@localhost"
+    # How often each worker's background deliverer sends the alert events waiting.
+    ALERTS_POLL_SECONDS = 2.0
     # Dashboard sessions: the cookie is out of scripts' reach and not sent cross-site.
     SESSION_COOKIE_HTTPONLY = True
     SESSION_COOKIE_SAMESITE = "Lax"

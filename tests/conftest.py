@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
+from email import message_from_bytes
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,24 @@ def _wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> 
             # A worker still loading the app under load answers late, not never.
             time.sleep(0.1)
     raise RuntimeError("gunicorn did not answer /healthz in time")
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[tuple[list, str]]:
+    """A real SMTP server in this process (aiosmtpd): the messages it receives, its URL."""
+    from aiosmtpd.controller import Controller
+
+    received: list = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope) -> str:  # noqa: N802
+            received.append(message_from_bytes(envelope.content))
+            return "250 Message accepted for delivery"
+
+    port = _free_port()
+    controller = Controller(Inbox(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield received, f"smtp://127.0.0.1:{port}"
+    finally:
+        controller.stop()

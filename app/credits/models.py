@@ -44,6 +44,8 @@ class Account(db.Model):
     email: Mapped[str | None] = mapped_column(String(320), unique=True, nullable=True)
     balance = mapped_column(Money, nullable=False, default=0)
     reserved = mapped_column(Money, nullable=False, default=0)
+    # Balance under which the organisation is alerted (a trigger writes the event).
+    alert_below = mapped_column(Money, nullable=True)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
 
 

@@ -7,9 +7,7 @@ is called with the keys they create.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
-from email import message_from_bytes
 
 import pytest
 from flask.testing import FlaskClient
@@ -19,7 +17,6 @@ from app.accounts.models import Change, Membership, Person
 from app.auth.keys import digest_key
 from app.auth.models import ApiKey
 from app.extensions import db
-from tests.conftest import _free_port
 from tests.dashboard.conftest import (
     PASSWORD,
     csrf_token,
@@ -287,27 +284,6 @@ def test_the_audit_log_records_who_changed_what(app, team):
     with app.app_context():
         actions = db.session.scalars(select(Change.action).order_by(Change.id)).all()
     assert "member.role" in actions
-
-
-@pytest.fixture
-def smtp_server() -> Iterator[tuple[list, str]]:
-    """A real SMTP server in this process (aiosmtpd): the messages it receives, its URL."""
-    from aiosmtpd.controller import Controller
-
-    received: list = []
-
-    class Inbox:
-        async def handle_DATA(self, server, session, envelope) -> str:  # noqa: N802
-            received.append(message_from_bytes(envelope.content))
-            return "250 Message accepted for delivery"
-
-    port = _free_port()
-    controller = Controller(Inbox(), hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield received, f"smtp://127.0.0.1:{port}"
-    finally:
-        controller.stop()
 
 
 def test_an_invite_is_mailed_when_smtp_is_set(app, team, smtp_server, monkeypatch):

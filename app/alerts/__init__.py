@@ -1,0 +1,1 @@
+"""Alerts: an organisation's events (its balance fell below its threshold) and their delivery."""

@@ -1,0 +1,210 @@
+"""Deliver alert events from the outbox: signed webhooks and e-mail, retried with backoff.
+
+Runs in each worker's background greenlet (app.sweeper), never in a request's. Each
+pass fans new events out into one delivery per endpoint of their organisation, then
+tries the deliveries that are due. Every worker may run a pass at once: an event is
+fanned out by the worker whose conditional UPDATE takes it, and a delivery is tried by
+the worker whose conditional UPDATE pushes its next try out by DELIVERY_LEASE (so that
+another worker does not try it meanwhile). A failed try (not 2xx, a timeout, a refused
+connection or mail) is tried again after a delay that doubles from RETRY_FIRST_DELAY up
+to RETRY_LONGEST_DELAY, for RETRY_FOR; after that the delivery is marked failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import requests
+from cryptography.fernet import InvalidToken
+from sqlalchemy import select, update
+
+from app.alerts.events import SIGNATURE_HEADER, event_body, event_text, signature
+from app.alerts.models import (
+    DELIVERED,
+    EMAIL,
+    FAILED,
+    PENDING,
+    WEBHOOK,
+    AlertDelivery,
+    AlertEndpoint,
+    AlertEvent,
+)
+from app.alerts.secrets import unseal
+from app.database import utcnow
+from app.extensions import db
+from app.mail import send_mail
+
+log = logging.getLogger(__name__)
+
+RETRY_FIRST_DELAY = timedelta(seconds=10)
+RETRY_LONGEST_DELAY = timedelta(hours=1)
+RETRY_FOR = timedelta(hours=24)
+# Longer than a try can take (connect + read timeouts, or SMTP's), so no two overlap.
+DELIVERY_LEASE = timedelta(minutes=2)
+WEBHOOK_TIMEOUT = (3.05, 10)  # seconds to connect, and to wait for each read
+# A receiver's answer is read no further: its status is what counts.
+RESPONSE_READ_CAP = 1024
+BATCH = 50
+
+
+class DeliveryFailed(Exception):
+    """A try did not deliver: its HTTP status (if any) and why."""
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        """Keep the reason (at most 200 characters) and the status."""
+        super().__init__(reason)
+        self.reason = reason[:200]
+        self.status = status
+
+
+def fan_out(now: datetime | None = None) -> int:
+    """Make a delivery, due ``now``, per active endpoint of each new event; return how many."""
+    now = now or utcnow()
+    waiting = db.session.scalars(
+        select(AlertEvent)
+        .where(AlertEvent.fanned_out.is_(False))
+        .order_by(AlertEvent.id)
+        .limit(BATCH)
+    ).all()
+    taken = 0
+    for event in waiting:
+        claimed = db.session.execute(
+            update(AlertEvent)
+            .where(AlertEvent.id == event.id, AlertEvent.fanned_out.is_(False))
+            .values(fanned_out=True)
+        ).rowcount
+        if claimed == 1:
+            taken += 1
+            for endpoint_id in _active_endpoints(event.account_id):
+                db.session.add(
+                    AlertDelivery(
+                        event_id=event.id,
+                        endpoint_id=endpoint_id,
+                        status=PENDING,
+                        next_attempt_at=now,
+                        created_at=now,
+                    )
+                )
+        db.session.commit()
+    return taken
+
+
+def _active_endpoints(account_id: int) -> list[int]:
+    return list(
+        db.session.scalars(
+            select(AlertEndpoint.id).where(
+                AlertEndpoint.account_id == account_id, AlertEndpoint.removed_at.is_(None)
+            )
+        )
+    )
+
+
+def deliver_due(now: datetime | None = None) -> int:
+    """Try each delivery that is due at ``now`` (default: the time); return how many delivered."""
+    now = now or utcnow()
+    due = db.session.execute(
+        select(AlertDelivery.id, AlertDelivery.next_attempt_at)
+        .where(AlertDelivery.status == PENDING, AlertDelivery.next_attempt_at <= now)
+        .order_by(AlertDelivery.next_attempt_at)
+        .limit(BATCH)
+    ).all()
+    db.session.commit()
+    return sum(_try_once(delivery_id, due_at, now) for delivery_id, due_at in due)
+
+
+def _try_once(delivery_id: int, due_at: datetime, now: datetime) -> bool:
+    """Claim the delivery, try it, record the outcome; return whether it was delivered."""
+    claimed = db.session.execute(
+        update(AlertDelivery)
+        .where(AlertDelivery.id == delivery_id, AlertDelivery.next_attempt_at == due_at)
+        .values(next_attempt_at=now + DELIVERY_LEASE)
+    ).rowcount
+    db.session.commit()
+    if claimed != 1:
+        return False
+    delivery = db.session.get(AlertDelivery, delivery_id)
+    event = db.session.get(AlertEvent, delivery.event_id)
+    endpoint = db.session.get(AlertEndpoint, delivery.endpoint_id)
+    try:
+        status = _send(endpoint, event, now)
+    except DeliveryFailed as failure:
+        _record_failure(delivery, failure, now)
+        return False
+    delivery.attempts += 1
+    delivery.status, delivery.last_status, delivery.last_error = DELIVERED, status, None
+    delivery.delivered_at, delivery.next_attempt_at = now, None
+    db.session.commit()
+    return True
+
+
+def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | None:
+    """Deliver ``event`` to ``endpoint`` once; return the HTTP status (None for mail)."""
+    if endpoint.removed_at is not None:
+        raise DeliveryFailed("the endpoint was removed")
+    if endpoint.kind == WEBHOOK:
+        try:
+            secret = unseal(endpoint.sealed_secret)
+        except InvalidToken as error:
+            raise DeliveryFailed("the secret is unreadable: SECRET_KEY changed") from error
+        return post_webhook(endpoint.target, secret, event, now)
+    if endpoint.kind == EMAIL:
+        subject, body = event_text(event)
+        try:
+            send_mail(endpoint.target, subject, body)
+        except Exception as error:  # noqa: BLE001 - any failure of the mail is retried
+            raise DeliveryFailed(f"mail: {type(error).__name__}: {error}") from error
+        return None
+    raise DeliveryFailed(f"unknown endpoint kind {endpoint.kind!r}")
+
+
+def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int:
+    """POST the signed event to ``url``; return its 2xx status. :raise DeliveryFailed."""
+    body = event_body(event)
+    headers = {
+        "Content-Type": "application/json",
+        SIGNATURE_HEADER: signature(secret, int(now.timestamp()), body),
+    }
+    try:
+        with requests.post(
+            url,
+            data=body,
+            headers=headers,
+            timeout=WEBHOOK_TIMEOUT,
+            allow_redirects=False,
+            stream=True,
+        ) as response:
+            response.raw.read(RESPONSE_READ_CAP)
+            status = response.status_code
+    except requests.RequestException as error:
+        raise DeliveryFailed(f"{type(error).__name__}") from error
+    if not 200 <= status < 300:
+        raise DeliveryFailed(f"HTTP {status}", status)
+    return status
+
+
+def _record_failure(delivery: AlertDelivery, failure: DeliveryFailed, now: datetime) -> None:
+    """Note the failed try; schedule the next one, or give up after RETRY_FOR."""
+    delivery.attempts += 1
+    delivery.last_status, delivery.last_error = failure.status, failure.reason
+    retry_at = now + retry_delay(delivery.attempts)
+    if retry_at - delivery.created_at > RETRY_FOR:
+        delivery.status, delivery.next_attempt_at = FAILED, None
+    else:
+        delivery.next_attempt_at = retry_at
+    db.session.commit()
+    log.warning(
+        "alert delivery %d failed (try %d): %s", delivery.id, delivery.attempts, failure.reason
+    )
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """Return the wait after the ``attempts``-th failed try: doubling, at most an hour."""
+    return min(RETRY_FIRST_DELAY * 2 ** min(attempts - 1, 20), RETRY_LONGEST_DELAY)
+
+
+def deliver_alerts(now: datetime | None = None) -> int:
+    """Fan out new events, then try the due deliveries; return how many were delivered."""
+    now = now or utcnow()
+    fan_out(now)
+    return deliver_due(now)

@@ -1,0 +1,68 @@
+"""A webhook receiver for tests: it checks each delivery's signature and keeps its events."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def verify(secret: str, header: str, body: bytes) -> bool:
+    """Check a Gateway-Signature header as a receiver would, from its documented form."""
+    parts = dict(item.split("=", 1) for item in header.split(","))
+    expected = hmac.new(
+        secret.encode(), parts["t"].encode() + b"." + body, hashlib.sha256
+    ).hexdigest()
+    return hmac.compare_digest(expected, parts["v1"])
+
+
+@dataclass
+class Receiver:
+    """What the receiver got; the statuses it answers with, in turn (then 200)."""
+
+    url: str
+    secret: str = ""
+    answers: list[int] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    bad_signatures: int = 0
+    posts: int = 0
+
+
+@contextmanager
+def webhook_receiver(answers: list[int] | None = None) -> Iterator[Receiver]:
+    """Serve a receiver on a free port; set its ``secret`` once the endpoint is made."""
+    receiver = Receiver(url="", answers=list(answers or []))
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            with lock:
+                receiver.posts += 1
+                status = receiver.answers.pop(0) if receiver.answers else 200
+                if verify(receiver.secret, self.headers["Gateway-Signature"], body):
+                    if status == 200:
+                        receiver.events.append(json.loads(body))
+                else:
+                    receiver.bad_signatures += 1
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            """Keep the test's output quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/gateway"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,163 @@
+"""Balance alerts: written by the settlement that crosses, signed, retried, logged, mailed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from sqlalchemy import select
+
+from app.alerts.delivery import deliver_alerts, deliver_due
+from app.alerts.endpoints import add_email, add_webhook, delivery_log, set_balance_threshold
+from app.alerts.models import DELIVERED, FAILED, AlertEvent
+from app.credits import ledger
+from app.database import utcnow
+from app.extensions import db
+from tests.alert_receiver import webhook_receiver
+from tests.factories import AccountFactory
+
+
+def spend(account_id: int, cost: str, name: str) -> None:
+    """Charge ``cost`` through a hold and its settlement, as a request is charged."""
+    held = ledger.place_hold(account_id=account_id, amount=Decimal(cost), ttl_seconds=60)
+    ledger.settle_hold(held, cost=Decimal(cost), generation_id=f"{name}-{account_id}")
+
+
+def events_of(account_id: int) -> list[AlertEvent]:
+    db.session.expire_all()
+    return list(db.session.scalars(select(AlertEvent).where(AlertEvent.account_id == account_id)))
+
+
+def test_one_event_per_crossing_and_a_grant_rearms(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    spend(account.id, "4", "above")
+    assert events_of(account.id) == []
+    spend(account.id, "2", "across")
+    spend(account.id, "1", "below")
+    [event] = events_of(account.id)
+    assert event.type == "balance.below_threshold"
+    ledger.grant_credits(account_id=account.id, amount=Decimal("0.5"))
+    spend(account.id, "0.2", "still-below")
+    assert len(events_of(account.id)) == 1
+    ledger.grant_credits(account_id=account.id, amount=Decimal("10"))
+    spend(account.id, "9", "again")
+    assert len(events_of(account.id)) == 2
+
+
+def test_a_cleared_threshold_alerts_nobody(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    set_balance_threshold(account.id, None)
+    spend(account.id, "9", "cleared")
+    assert events_of(account.id) == []
+
+
+def test_a_signed_webhook_is_delivered_once(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    with webhook_receiver() as receiver:
+        endpoint, receiver.secret = add_webhook(account.id, receiver.url)
+        spend(account.id, "6", "signed")
+        deliver_alerts()
+        deliver_alerts()
+    assert receiver.bad_signatures == 0
+    [event] = receiver.events
+    assert event["type"] == "balance.below_threshold"
+    assert event["data"] == {"organisation_id": account.id, "threshold": "5", "balance": "4"}
+    assert event["id"].startswith("evt_") and isinstance(event["created"], int)
+    [line] = delivery_log(account.id)
+    assert (line.delivery.status, line.delivery.attempts, line.endpoint.id) == (
+        DELIVERED,
+        1,
+        endpoint.id,
+    )
+
+
+def test_a_failing_receiver_is_retried_with_growing_delays(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    with webhook_receiver(answers=[500, 500, 503]) as receiver:
+        _, receiver.secret = add_webhook(account.id, receiver.url)
+        spend(account.id, "6", "retried")
+        start = utcnow()
+        deliver_alerts(start)
+        [line] = delivery_log(account.id)
+        assert (line.delivery.attempts, line.delivery.last_status) == (1, 500)
+        assert line.delivery.next_attempt_at == start + timedelta(seconds=10)
+        deliver_due(start + timedelta(seconds=9))
+        assert receiver.posts == 1
+        deliver_due(start + timedelta(seconds=10))
+        assert receiver.posts == 2
+        deliver_due(start + timedelta(seconds=29))
+        assert receiver.posts == 2
+        deliver_due(start + timedelta(seconds=30))
+        deliver_due(start + timedelta(seconds=70))
+    db.session.expire_all()
+    [line] = delivery_log(account.id)
+    assert receiver.posts == 4 and len(receiver.events) == 1
+    assert (line.delivery.status, line.delivery.attempts, line.delivery.last_status) == (
+        DELIVERED,
+        4,
+        200,
+    )
+
+
+def test_a_receiver_failing_for_a_day_is_given_up(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    with webhook_receiver(answers=[500] * 100) as receiver:
+        _, receiver.secret = add_webhook(account.id, receiver.url)
+        spend(account.id, "6", "given-up")
+        moment = utcnow()
+        deliver_alerts(moment)
+        while (line := delivery_log(account.id)[0]).delivery.status not in (FAILED, DELIVERED):
+            moment = line.delivery.next_attempt_at
+            deliver_due(moment)
+    assert line.delivery.status == FAILED
+    assert moment - line.delivery.created_at < timedelta(hours=24)
+    assert 20 < line.delivery.attempts == receiver.posts < 40
+
+
+def test_an_alert_is_mailed_through_smtp_url(app_context, smtp_server, monkeypatch):
+    received, url = smtp_server
+    monkeypatch.setitem(app_context.config, "SMTP_URL", url)
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    add_email(account.id, "billing@example.com")
+    spend(account.id, "7", "mailed")
+    deliver_alerts()
+    [message] = received
+    assert message["To"] == "billing@example.com"
+    assert message["Subject"] == "Balance below $5"
+    assert "fell to $3, below its alert threshold of $5" in message.get_payload()
+    [line] = delivery_log(account.id)
+    assert (line.delivery.status, line.delivery.attempts) == (DELIVERED, 1)
+
+
+def test_mail_that_cannot_be_sent_is_retried(app_context, monkeypatch):
+    monkeypatch.setitem(app_context.config, "SMTP_URL", None)
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    add_email(account.id, "billing@example.com")
+    spend(account.id, "7", "unmailed")
+    deliver_alerts()
+    [line] = delivery_log(account.id)
+    assert (line.delivery.status, line.delivery.attempts) == ("pending", 1)
+    assert "SMTP_URL is not set" in line.delivery.last_error
+
+
+def test_a_secret_sealed_under_another_secret_key_fails_the_try_not_the_deliverer(
+    app_context, monkeypatch
+):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    with webhook_receiver() as receiver:
+        _, receiver.secret = add_webhook(account.id, receiver.url)
+        monkeypatch.setitem(app_context.config, "SECRET_KEY", "another-secret-key")
+        spend(account.id, "6", "rekeyed")
+        deliver_alerts()
+    [line] = delivery_log(account.id)
+    assert receiver.posts == 0
+    assert (line.delivery.status, line.delivery.attempts) == ("pending", 1)
+    assert "SECRET_KEY changed" in line.delivery.last_error
