@@ -52,7 +52,7 @@ def create_key(page, name: str, models: list[str] | None = None, limit: str = ""
     page.get_by_label("Key name").fill(name)
     if models:
         page.get_by_label("Permitted models").select_option(models)
-    page.get_by_label("Monthly spend limit (USD)").fill(limit)
+    page.get_by_label("Spend limit (USD)").fill(limit)
     page.get_by_role("button", name="Create key").click()
     return shown_value(page)
 
@@ -119,7 +119,7 @@ def test_a_holder_manages_keys_and_sees_their_usage_in_the_browser(
 
     capped = create_key(page, "capped")
     key_row(page, "capped").get_by_role("link", name="Edit").click()
-    page.get_by_label("Monthly spend limit (USD)").fill("0.0001")
+    page.get_by_label("Spend limit (USD)").fill("0.0001")
     page.get_by_role("button", name="Save").click()
     assert key_row(page, "capped").get_by_role("cell", name="$0.0001").is_visible()
     statuses = []

@@ -1,19 +1,22 @@
 """An organisation in real headless Chromium against the real gunicorn server.
 
 An owner invites an admin and a member; the member creates a key, uses it, and sees
-their own usage but not the others'; the owner sees usage per member. Each person has a
+their own usage but not the others'; the owner sees usage per member; the admin sets the
+member's budget, and adds a webhook whose delivery log shows the alert delivered. Each person has a
 browser context of their own. The wide tables must fit a 1280 px window: their last
 column and buttons are checked to lie inside it. Screenshots land in test-artifacts/.
 """
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 
 import pytest
 
 from app.credits.accounts import find_account_or_raise
 from app.credits.ledger import grant_credits
+from tests.alert_receiver import webhook_receiver
 from tests.dashboard.conftest import PASSWORD, new_email
 from tests.dashboard.test_browser import ask, create_key, sign_up
 
@@ -106,10 +109,81 @@ def test_an_owner_invites_and_each_member_sees_what_their_role_allows(
     owner.screenshot(path=str(artifacts / "org-owner-keys.png"), full_page=True)
 
     owner.get_by_role("link", name="Members").click()
-    assert owner.get_by_role("cell", name=member_email, exact=True).count() == 1
+    members = owner.get_by_role("region", name="Members", exact=True)
+    assert members.get_by_role("cell", name=member_email, exact=True).count() == 1
     owner.get_by_role("button", name=f"Remove {member_email}").click()
     assert ask(url, member_key).status_code == 403, "a removed member's key stops at once"
     owner.screenshot(path=str(artifacts / "org-members.png"), full_page=True)
     owner.get_by_role("link", name="Changes").click()
     assert owner.get_by_role("cell", name="member.remove").count() == 1
     owner.screenshot(path=str(artifacts / "org-changes.png"), full_page=True)
+
+
+def wait_for(condition, seconds: float = 30) -> None:
+    """Wait until ``condition()`` holds (the workers' deliverers poll every few seconds)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def delivered_row(page, url: str):
+    """Reload the Alerts page until its delivery log shows a delivered event; return it."""
+    rows = page.get_by_role("region", name="Deliveries").get_by_role("row")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        page.goto(f"{url}/alerts")
+        delivered = rows.filter(has_text="balance.below_threshold").filter(has_text="delivered")
+        if delivered.count():
+            return delivered
+        time.sleep(0.5)
+    return rows.filter(has_text="balance.below_threshold")
+
+
+def test_an_admin_sets_a_members_budget_and_an_alert_webhook_logs_its_delivery(
+    app, live_server, person, artifacts
+):
+    url = live_server.url
+    owner = person()
+    owner_email = sign_up(owner, url)
+    with app.app_context():
+        organisation_id = find_account_or_raise(owner_email).id
+        grant_credits(account_id=organisation_id, amount=Decimal("5"))
+    admin_email, member_email = new_email(), new_email()
+    admin_link = invite(owner, url, admin_email, "admin")
+    member_link = invite(owner, url, member_email, "member")
+    admin, member = person(), person()
+    accept(admin, admin_link)
+    accept(member, member_link)
+
+    admin.get_by_role("link", name="Members").click()
+    admin.get_by_label(f"Budget of {member_email} (USD)").fill("0.5")
+    admin.get_by_label(f"Window of {member_email}'s budget").select_option("day")
+    admin.get_by_role("button", name=f"Save the budget of {member_email}").click()
+    budgets = admin.get_by_role("region", name="Budgets")
+    assert (
+        budgets.get_by_role("row").filter(has_text=member_email).filter(has_text="per day").count()
+        == 1
+    )
+    admin.screenshot(path=str(artifacts / "org-member-budget.png"), full_page=True)
+
+    with webhook_receiver() as receiver:
+        admin.get_by_role("link", name="Alerts").click()
+        # The balance is $5: the first charge takes it below.
+        admin.get_by_label("Alert when the balance falls below (USD)").fill("5")
+        admin.get_by_role("button", name="Save").click()
+        admin.get_by_label("Webhook URL or e-mail address").fill(receiver.url)
+        admin.get_by_role("button", name="Add").click()
+        receiver.secret = admin.get_by_role("textbox", name="Signing secret").input_value()
+        admin.screenshot(path=str(artifacts / "org-alert-secret.png"), full_page=True)
+
+        member_key = create_key(member, "member laptop")
+        assert ask(url, member_key).status_code == 200
+        wait_for(lambda: receiver.events)
+        delivered = delivered_row(admin, url)
+        admin.screenshot(path=str(artifacts / "org-alert-deliveries.png"), full_page=True)
+
+    assert [event["type"] for event in receiver.events] == ["balance.below_threshold"]
+    assert receiver.bad_signatures == 0
+    assert receiver.events[0]["data"]["organisation_id"] == organisation_id
+    assert delivered.count() == 1
+    assert member.get_by_role("link", name="Alerts").count() == 0
