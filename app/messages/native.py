@@ -16,7 +16,6 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
-from app.encoding import loads
 from app.generations.lifecycle import Generation, StreamEnd
 from app.generations.metering import DeliveryMeter
 from app.generations.models import MESSAGES
@@ -24,7 +23,7 @@ from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING
 from app.providers.anthropic import FINISH_REASONS, usage_from
 from app.providers.base import NativeCall, Usage
 from app.providers.errors import UpstreamError
-from app.providers.event_stream import EventBuilder
+from app.providers.event_stream import EventBuilder, json_object
 from app.sse import Framing, typed_event
 
 # The caller's headers that go on with a passed-through request.
@@ -78,16 +77,6 @@ def answered(
     return message
 
 
-def event_payload(data: str) -> dict[str, Any]:
-    """Decode one event's data; raise UpstreamError when it is not a JSON object."""
-    try:
-        payload = loads(data)
-    except ValueError:
-        payload = None
-    if type(payload) is not dict:
-        raise UpstreamError("The model's upstream sent an event that is not a JSON object.")
-    return payload
-
 
 class RelayedStream(DeliveryMeter):
     """Reads a passed-through stream's events as they come: its meter, and its writer.
@@ -118,7 +107,7 @@ class RelayedStream(DeliveryMeter):
         """Read one upstream read; return whether it delivered generated output."""
         delivered = False
         for event in self.builder.take_read(data):
-            payload = event_payload(event.data)
+            payload = json_object(event.data)
             delivered = self.read_event(event.event, event.data, payload) or delivered
         return delivered
 

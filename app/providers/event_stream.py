@@ -13,6 +13,10 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
+
+from app.encoding import loads
+from app.providers.errors import UpstreamError
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
@@ -102,3 +106,14 @@ class EventBuilder:
         elif name == "event":
             self.event = value
         # id and retry steer a browser's reconnection; an upstream call never reconnects.
+
+
+def json_object(data: str) -> dict[str, Any]:
+    """Decode one event's data as the JSON object it must be; raise UpstreamError if not."""
+    try:
+        payload = loads(data)
+    except ValueError:
+        payload = None
+    if type(payload) is not dict:
+        raise UpstreamError("The model's upstream sent a malformed event.")
+    return payload

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
-from app.encoding import loads
 from app.providers.base import (
     ChatRequest,
     Chunk,
@@ -28,7 +27,7 @@ from app.providers.base import (
     fingerprint_of,
 )
 from app.providers.errors import UpstreamError
-from app.providers.event_stream import ServerSentEvent, read_events
+from app.providers.event_stream import ServerSentEvent, json_object, read_events
 from app.providers.http1 import UpstreamResponse
 from app.providers.transport import (
     HttpUpstreamAdapter,
@@ -119,12 +118,7 @@ def generated_texts(choices: list[dict[str, Any]]) -> Iterator[tuple[str, str | 
 
 def event_payload(event: ServerSentEvent) -> dict[str, Any]:
     """Decode one event's JSON; raise UpstreamError for garbage or an error the upstream sent."""
-    try:
-        payload = loads(event.data)
-    except ValueError:
-        raise UpstreamError("The model's upstream sent a malformed event.") from None
-    if not isinstance(payload, dict):
-        raise UpstreamError("The model's upstream sent a malformed event.")
+    payload = json_object(event.data)
     if event.event == "error" or payload.get("error"):
         # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
         raise UpstreamError("The model's upstream failed mid-answer.")

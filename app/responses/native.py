@@ -23,14 +23,14 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from app.encoding import dumps_transient, loads
+from app.encoding import dumps_transient
 from app.errors import APIError
 from app.generations.lifecycle import Generation, StreamEnd
 from app.generations.metering import DeliveryMeter
 from app.generations.models import RESPONSES
 from app.providers.base import NativeCall, Usage
 from app.providers.errors import UpstreamError
-from app.providers.event_stream import EventBuilder
+from app.providers.event_stream import EventBuilder, json_object
 from app.responses.bodies import COMPLETED, FAILED, INCOMPLETE, error_body, usage_body
 from app.responses.conversation import Turn
 from app.responses.ids import response_id_of_item
@@ -166,16 +166,6 @@ def answered_whole(
     return answered
 
 
-def event_payload(data: str) -> dict[str, Any]:
-    """Decode one event's data; raise UpstreamError when it is not a JSON object."""
-    try:
-        payload = loads(data)
-    except ValueError:
-        payload = None
-    if type(payload) is not dict:
-        raise UpstreamError("The model's upstream sent an event that is not a JSON object.")
-    return payload
-
 
 def delivery_meter(generation: Generation) -> DeliveryMeter:
     """Return a meter of what ``generation`` delivers, counted as its first route counts."""
@@ -217,7 +207,7 @@ class RelayedStream(DeliveryMeter):
         """Read one upstream read; return whether it delivered generated output."""
         delivered = False
         for event in self.builder.take_read(data):
-            payload = event_payload(event.data)
+            payload = json_object(event.data)
             kind = payload.get("type")
             if kind in TEXT_DELTAS and type(payload.get("delta")) is str:
                 self.deliver(payload["delta"])
