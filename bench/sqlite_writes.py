@@ -106,8 +106,8 @@ class Request:
         """Run request number ``index``; commit as ``batch`` and ``split`` say."""
         execute = self.connection.execute
         execute(
-            "SELECT id, account_id, state, last_used_at, permitted_models, monthly_limit "
-            "FROM api_keys WHERE digest = ?",
+            "SELECT id, account_id, state, last_used_at, permitted_models, budget, budget_window, "
+            "window_start FROM api_keys WHERE digest = ?",
             (self.digest,),
         ).fetchall()
         hold_id = uuid.uuid4().hex
@@ -130,7 +130,7 @@ class Request:
             (HOLD, self.account_id, HOLD),
         )
         execute(
-            "UPDATE api_keys SET month_reserved = month_reserved + ? WHERE id = ?",
+            "UPDATE api_keys SET window_reserved = window_reserved + ? WHERE id = ?",
             (HOLD, self.key_id),
         )
         execute(
@@ -148,8 +148,8 @@ class Request:
             (CHARGE, HOLD, self.account_id),
         )
         execute(
-            "UPDATE api_keys SET month_spent = month_spent + ?, "
-            "month_reserved = month_reserved - ? WHERE id = ?",
+            "UPDATE api_keys SET window_spent = window_spent + ?, "
+            "window_reserved = window_reserved - ? WHERE id = ?",
             (CHARGE, HOLD, self.key_id),
         )
         generation_id = "chatcmpl-" + uuid.uuid4().hex[:24]
