@@ -53,7 +53,7 @@ from flask_migrate import upgrade
 from wsgi import app
 from app.accounts.keys import create_key
 from app.credits import ledger
-from app.credits.accounts import create_account
+from app.accounts.organisations import create_account
 accounts, keys_each, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 with app.app_context():
     upgrade()
