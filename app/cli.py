@@ -47,9 +47,11 @@ from app.alerts.endpoints import (
     add_email,
     add_webhook,
     balance_threshold,
+    budget_alert_percent,
     delivery_log,
     remove_endpoint,
     set_balance_threshold,
+    set_budget_alert_percent,
 )
 from app.alerts.models import EMAIL, WEBHOOK
 from app.budgets import MONTH, WINDOWS, budget_state
@@ -156,6 +158,21 @@ class UsdOrNone(UsdLimit):
         if value is None or str(value).strip().lower() == "none":
             return None
         return super().convert(value, param, ctx)
+
+
+class PercentOrNone(click.ParamType):
+    """A whole percentage as written, for the domain to check, or ``none``."""
+
+    name = "percent"
+
+    def convert(self, value: object, param: object, ctx: object) -> int | None:
+        """Parse ``value`` as an integer; ``none`` is None."""
+        if value is None or str(value).strip().lower() == "none":
+            return None
+        try:
+            return int(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a whole percentage")
 
 
 WINDOW_OPTION = click.option(
@@ -567,6 +584,26 @@ def alert_balance_command(org: str, amount: Decimal | None) -> None:
         threshold = balance_threshold(account.id)
     state = "no balance alert" if threshold is None else f"alert below ${threshold:f}"
     click.echo(f"{account.name}: {state}")
+
+
+@alerts_cli.command("budget")
+@click.argument("org")
+@click.option(
+    "--percent", type=PercentOrNone(), help="Alert at this share (1-99) of a budget, or none."
+)
+def alert_budget_command(org: str, percent: int | None) -> None:
+    """Show at what share of a budget ORG is alerted; --percent sets it, none clears it.
+
+    budget.threshold_reached fires once a window when a member's or key's spend reaches
+    that share of its budget (80 unless set); budget.exhausted at the whole budget.
+    """
+    with operator_errors():
+        account = find_organisation(org)
+        if _given("percent"):
+            set_budget_alert_percent(account.id, percent)
+        share = budget_alert_percent(account.id)
+    early = "" if share is None else f"at {share}% of a budget and "
+    click.echo(f"{account.name}: alert {early}when a budget is used up")
 
 
 def _given(name: str) -> bool:

@@ -56,3 +56,19 @@ def test_email_recipients_are_added_listed_and_removed(app, runner):
     assert "billing@example.com" in runner.invoke(args=["alerts", "email", "list", org]).output
     assert runner.invoke(args=["alerts", "email", "add", org, "a@b.c, d@e.f"]).exit_code == 1
     assert runner.invoke(args=["alerts", "log", org]).output == ""
+
+
+def test_the_budget_alert_percentage_is_shown_set_and_cleared(app, runner):
+    with app.app_context():
+        org = str(AccountFactory.create().id)
+    shown = runner.invoke(args=["alerts", "budget", org])
+    assert shown.exit_code == 0, shown.output
+    assert "alert at 80% of a budget and when a budget is used up" in shown.output
+    assert "at 50%" in runner.invoke(args=["alerts", "budget", org, "--percent", "50"]).output
+    assert "at 50%" in runner.invoke(args=["alerts", "budget", org]).output
+    cleared = runner.invoke(args=["alerts", "budget", org, "--percent", "none"]).output
+    assert cleared.endswith(": alert when a budget is used up\n")
+    for wrong in ("0", "100", "half"):
+        refused = runner.invoke(args=["alerts", "budget", org, "--percent", wrong])
+        assert refused.exit_code != 0, wrong
+    assert "used up" in runner.invoke(args=["alerts", "budget", org]).output

@@ -46,6 +46,30 @@ def balance_threshold(account_id: int) -> Decimal | None:
     return db.session.scalar(select(Account.alert_below).where(Account.id == account_id))
 
 
+def set_budget_alert_percent(
+    account_id: int, percent: int | None, actor: int | None = None
+) -> None:
+    """Alert when a budget reaches ``percent`` of its window (None: only when used up).
+
+    Every member's and key's budget in the organisation shares it; ``budget.exhausted``
+    fires at the whole budget whatever it is.
+    """
+    if percent is not None and not 1 <= percent <= 99:
+        raise InvalidAlertSetting("the budget alert percentage must be from 1 to 99")
+    db.session.execute(
+        update(Account).where(Account.id == account_id).values(budget_alert_percent=percent)
+    )
+    record_change(
+        actor, account_id, "alerts.budget", f"organisation:{account_id}", {"percent": percent}
+    )
+    db.session.commit()
+
+
+def budget_alert_percent(account_id: int) -> int | None:
+    """Return the share of a budget at which the organisation is alerted, or None."""
+    return db.session.scalar(select(Account.budget_alert_percent).where(Account.id == account_id))
+
+
 def add_webhook(account_id: int, url: str, actor: int | None = None) -> tuple[AlertEndpoint, str]:
     """Add a webhook endpoint; return it and its signing secret, which is shown only now."""
     parts = urlsplit(url)

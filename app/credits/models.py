@@ -9,6 +9,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     text,
 )
@@ -46,6 +47,11 @@ class Account(db.Model):
     reserved = mapped_column(Money, nullable=False, default=0)
     # Balance under which the organisation is alerted (a trigger writes the event).
     alert_below = mapped_column(Money, nullable=True)
+    # Share (1-99) of a member's or key's budget at which the organisation is alerted
+    # before it is used up (None: only when used up); triggers read it.
+    budget_alert_percent: Mapped[int | None] = mapped_column(
+        SmallInteger, nullable=True, default=80, server_default="80"
+    )
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
 
 

@@ -1,4 +1,4 @@
-"""The dashboard's Alerts page: the balance threshold, webhooks, e-mail recipients, the log.
+"""The dashboard's Alerts page: the balance and budget thresholds, endpoints, the log.
 
 Owners and admins only. A webhook's signing secret is shown once, on the page that
 answers its creation; the page never shows it again.
@@ -22,9 +22,11 @@ from app.alerts.endpoints import (
     add_email,
     add_webhook,
     balance_threshold,
+    budget_alert_percent,
     delivery_log,
     remove_endpoint,
     set_balance_threshold,
+    set_budget_alert_percent,
 )
 from app.dashboard.security import role_required
 from app.dashboard.views import bp
@@ -34,6 +36,14 @@ class ThresholdForm(FlaskForm):
     """The balance under which the organisation is alerted (blank: no alert)."""
 
     below = StringField("Alert when the balance falls below (USD)", description="Blank: none.")
+
+
+class BudgetAlertForm(FlaskForm):
+    """The share of a budget at which the organisation is alerted (blank: when used up)."""
+
+    percent = StringField(
+        "Alert when a budget reaches (% of it)", description="1 to 99. Blank: only when used up."
+    )
 
 
 class EndpointForm(FlaskForm):
@@ -47,9 +57,11 @@ def _alerts_page(status: int = 200, secret: str | None = None) -> tuple[str, int
     page = render_template(
         "dashboard/alerts.html",
         threshold=balance_threshold(account_id),
+        budget_percent=budget_alert_percent(account_id),
         endpoints=active_endpoints(account_id),
         deliveries=delivery_log(account_id),
         threshold_form=ThresholdForm(),
+        budget_form=BudgetAlertForm(),
         endpoint_form=EndpointForm(),
         secret=secret,
     )
@@ -76,6 +88,23 @@ def set_alert_threshold() -> tuple[str, int] | BaseResponse:
         set_balance_threshold(current_user.account_id, usd, actor=current_user.person_id)
     except (InvalidOperation, InvalidAlertSetting):
         flash("The threshold must be a positive amount of USD.", "error")
+        return _alerts_page(400)
+    return redirect(url_for("dashboard.alerts"))
+
+
+@bp.post("/alerts/budgets")
+@role_required(ADMIN)
+def set_budget_alert() -> tuple[str, int] | BaseResponse:
+    """Set or clear the share of a budget at which the organisation is alerted."""
+    form = BudgetAlertForm()
+    if not form.validate_on_submit():
+        abort(400)
+    text = (form.percent.data or "").strip()
+    try:
+        percent = int(text) if text else None
+        set_budget_alert_percent(current_user.account_id, percent, actor=current_user.person_id)
+    except (ValueError, InvalidAlertSetting):
+        flash("The percentage must be a whole number from 1 to 99.", "error")
         return _alerts_page(400)
     return redirect(url_for("dashboard.alerts"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from app.alerts.endpoints import active_endpoints, balance_threshold
+from app.alerts.endpoints import active_endpoints, balance_threshold, budget_alert_percent
 from app.alerts.secrets import unseal
 from tests.dashboard.conftest import csrf_token, post_form
 from tests.dashboard.test_organisations import _account_of, team  # noqa: F401  (a fixture)
@@ -57,3 +57,26 @@ def test_threshold_webhook_secret_once_email_and_removal(app, team):  # noqa: F8
     assert "https://h.example/x" not in owner.client.get("/alerts").text
     gone = post_form(owner.client, "/alerts", f"/alerts/endpoints/{webhook.id}/remove", {})
     assert gone.status_code == 404
+
+
+def test_the_budget_alert_percentage_is_set_on_the_alerts_page(app, team):  # noqa: F811
+    owner, _, member = team
+    account_id = _account_of(app, owner.email)
+    assert "reaches 80% of its window" in owner.client.get("/alerts").text
+    saved = post_form(owner.client, "/alerts", "/alerts/budgets", {"percent": "65"})
+    assert saved.status_code == 302
+    with app.app_context():
+        assert budget_alert_percent(account_id) == 65
+    assert "reaches 65% of its window" in owner.client.get("/alerts").text
+    for wrong in ("100", "most"):
+        bad = post_form(owner.client, "/alerts", "/alerts/budgets", {"percent": wrong})
+        assert bad.status_code == 400 and "from 1 to 99" in bad.text
+    cleared = post_form(owner.client, "/alerts", "/alerts/budgets", {"percent": ""})
+    assert cleared.status_code == 302
+    with app.app_context():
+        assert budget_alert_percent(account_id) is None
+    token = csrf_token(member.client.get("/keys").text)
+    refused = member.client.post("/alerts/budgets", data={"csrf_token": token, "percent": "5"})
+    assert refused.status_code == 403
+    with app.app_context():
+        assert budget_alert_percent(account_id) is None

@@ -170,7 +170,11 @@ def test_an_admin_sets_a_members_budget_and_an_alert_webhook_logs_its_delivery(
         admin.get_by_role("link", name="Alerts").click()
         # The balance is $5: the first charge takes it below.
         admin.get_by_label("Alert when the balance falls below (USD)").fill("5")
-        admin.get_by_role("button", name="Save").click()
+        admin.get_by_role("button", name="Save the balance alert").click()
+        admin.get_by_label("Alert when a budget reaches (% of it)").fill("50")
+        admin.get_by_role("button", name="Save the budget alert").click()
+        budget_alerts = admin.get_by_role("region", name="Budgets")
+        assert budget_alerts.get_by_text("reaches 50% of its window").count() == 1
         admin.get_by_label("Webhook URL or e-mail address").fill(receiver.url)
         admin.get_by_role("button", name="Add").click()
         receiver.secret = admin.get_by_role("textbox", name="Signing secret").input_value()

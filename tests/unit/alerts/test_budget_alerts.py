@@ -1,4 +1,4 @@
-"""Budget alerts: at 80% of a window's budget and at 100%, once per window."""
+"""Budget alerts: at the organisation's share of a window's budget (80% unless set) and at 100%."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from decimal import Decimal
 from sqlalchemy import select, update
 
 from app.accounts.budgets import set_key_budget, set_member_budget
+from app.alerts.endpoints import set_budget_alert_percent
 from app.alerts.events import event_text
 from app.alerts.models import AlertEvent
 from app.auth.models import ApiKey
@@ -71,3 +72,37 @@ def test_a_member_budget_alerts_too(app_context):
         ("budget.exhausted", member_id),
         ("budget.threshold_reached", member_id),
     ]
+
+
+def test_the_organisations_percentage_decides_the_early_alert(app_context):
+    account, key = AccountFactory.with_key(credits=Decimal("100"))
+    set_budget_alert_percent(account.id, 50)
+    set_key_budget(key.id, amount=Decimal("10"), window="day")
+    spend(account.id, key.id, "4.99", "under")
+    assert events(account.id) == []
+    spend(account.id, key.id, "0.01", "at-50")
+    [(kind, data)] = events(account.id)
+    assert kind == "budget.threshold_reached" and data["percent"] == 50
+    spend(account.id, key.id, "3", "at-80")
+    assert len(events(account.id)) == 1
+
+
+def test_without_a_percentage_only_a_used_up_budget_alerts(app_context):
+    account, key = AccountFactory.with_key(credits=Decimal("100"))
+    set_budget_alert_percent(account.id, None)
+    set_key_budget(key.id, amount=Decimal("10"), window="day")
+    spend(account.id, key.id, "9", "at-90")
+    assert events(account.id) == []
+    spend(account.id, key.id, "1", "used-up")
+    assert [kind for kind, _ in events(account.id)] == ["budget.exhausted"]
+
+
+def test_each_organisation_has_its_own_percentage(app_context):
+    early, early_key = AccountFactory.with_key(credits=Decimal("100"))
+    late, late_key = AccountFactory.with_key(credits=Decimal("100"))
+    set_budget_alert_percent(early.id, 10)
+    for account, key in ((early, early_key), (late, late_key)):
+        set_key_budget(key.id, amount=Decimal("10"), window="day")
+        spend(account.id, key.id, "2", "twenty")
+    assert [data["percent"] for _, data in events(early.id)] == [10]
+    assert events(late.id) == []

@@ -45,6 +45,18 @@ def test_one_event_per_crossing_and_a_grant_rearms(app_context):
     assert len(events_of(account.id)) == 2
 
 
+def test_a_threshold_set_above_the_balance_alerts_at_once_and_once(app_context):
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("10"))
+    assert events_of(account.id) == []
+    set_balance_threshold(account.id, Decimal("12"))
+    [event] = events_of(account.id)
+    assert event.type == "balance.below_threshold"
+    set_balance_threshold(account.id, Decimal("15"))
+    spend(account.id, "1", "further-below")
+    assert len(events_of(account.id)) == 1
+
+
 def test_a_cleared_threshold_alerts_nobody(app_context):
     account = AccountFactory.create(credits=Decimal("10"))
     set_balance_threshold(account.id, Decimal("5"))
