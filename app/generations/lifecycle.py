@@ -226,12 +226,7 @@ def stream_generation(generation: Generation) -> Iterator[StreamItem]:
     stream that does not reach its end (the upstream failed, the caller went away) is
     settled for what it delivered when it is closed.
     """
-    meter = generation.meter = StreamMeter(
-        generation.model.routes[0],
-        generation.request,
-        generation.prompt_tokens,
-        prompt_exact=generation.prompt_tokens_exact,
-    )
+    meter = generation.meter = StreamMeter(generation)
     status = FAILED
     chunks = stream_on_routes(generation.model.routes, generation.request, generation.trace)
     try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
-from app.providers.base import ChatRequest, Chunk, Route, Usage
+from app.catalog.registry import Model
+from app.providers.base import ChatRequest, Chunk, Usage
 
 
 class Meter(Protocol):
@@ -38,27 +39,35 @@ class RelayMeter(Meter, Protocol):
         """Read one upstream read's bytes; return whether they carried generated output."""
 
 
+class Metered(Protocol):
+    """What a meter needs of the generation it counts (app.generations.lifecycle)."""
+
+    model: Model
+    request: ChatRequest
+    prompt_tokens: int
+    prompt_tokens_exact: bool
+
+
 class DeliveryMeter:
     """Counts what one stream delivered, as it goes: the text a door hands it (``deliver``).
 
-    ``route`` counts tokens as the model's first route does; ``prompt_tokens`` is the
-    count the hold was placed with, an upper bound unless ``prompt_exact``. A door's
-    meter reads its stream's pieces and delivers their text here.
+    Tokens are counted as the generation's first route counts them; the generation's
+    ``prompt_tokens`` is the count its hold was placed with, an upper bound unless
+    ``prompt_tokens_exact``. A door's meter reads its stream's pieces and delivers their
+    text here.
     """
 
-    def __init__(
-        self, route: Route, request: ChatRequest, prompt_tokens: int, *, prompt_exact: bool
-    ) -> None:
-        self.route = route
-        self.request = request
+    def __init__(self, generation: Metered) -> None:
+        self.route = generation.model.routes[0]
+        self.request = generation.request
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason: str | None = None
         # Delivered text not counted yet; then what the counted pieces came to.
         self._pieces: list[str] = []
         self._delivered_tokens = 0
-        self._prompt_tokens = prompt_tokens
-        self._prompt_exact = prompt_exact
+        self._prompt_tokens = generation.prompt_tokens
+        self._prompt_exact = generation.prompt_tokens_exact
 
     def deliver(self, text: str) -> None:
         """Remember a piece of generated text that went out, to count if it must be."""

@@ -77,7 +77,6 @@ def answered(
     return message
 
 
-
 class RelayedStream(DeliveryMeter):
     """Reads a passed-through stream's events as they come: its meter, and its writer.
 
@@ -87,12 +86,7 @@ class RelayedStream(DeliveryMeter):
     """
 
     def __init__(self, generation: Generation) -> None:
-        super().__init__(
-            generation.model.routes[0],
-            generation.request,
-            generation.prompt_tokens,
-            prompt_exact=generation.prompt_tokens_exact,
-        )
+        super().__init__(generation)
         self.generation = generation
         self.builder = EventBuilder()
         # The events the last reads completed, framed; those kept back for the end.

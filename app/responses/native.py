@@ -166,17 +166,6 @@ def answered_whole(
     return answered
 
 
-
-def delivery_meter(generation: Generation) -> DeliveryMeter:
-    """Return a meter of what ``generation`` delivers, counted as its first route counts."""
-    return DeliveryMeter(
-        generation.model.routes[0],
-        generation.request,
-        generation.prompt_tokens,
-        prompt_exact=generation.prompt_tokens_exact,
-    )
-
-
 class RelayedStream(DeliveryMeter):
     """Reads a passed-through stream's events as they come: its meter, and its writer.
 
@@ -186,12 +175,7 @@ class RelayedStream(DeliveryMeter):
     """
 
     def __init__(self, turn: Turn, generation: Generation) -> None:
-        super().__init__(
-            generation.model.routes[0],
-            generation.request,
-            generation.prompt_tokens,
-            prompt_exact=generation.prompt_tokens_exact,
-        )
+        super().__init__(generation)
         self.turn = turn
         self.builder = EventBuilder()
         # The events the last reads completed: name, data as sent, data decoded.

@@ -20,6 +20,7 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
+from app.generations.metering import DeliveryMeter
 from app.generations.models import RESPONSES
 from app.request_body import json_body
 from app.responses.bodies import EventWriter
@@ -30,7 +31,6 @@ from app.responses.models import StoredResponse
 from app.responses.native import (
     RelayedStream,
     answered_whole,
-    delivery_meter,
     native_call,
     sent_items,
     whole_usage,
@@ -88,9 +88,7 @@ def relayed_response(turn: Turn, generation: Generation, body: dict[str, Any]) -
         stream = RelayedStream(turn, generation)
         events = stream.events(relay_stream(generation, call, stream))
         return event_stream_response(events, stream.framing())
-    answer, usage, cost = relay_generation(
-        generation, call, whole_usage(delivery_meter(generation))
-    )
+    answer, usage, cost = relay_generation(generation, call, whole_usage(DeliveryMeter(generation)))
     body = answered_whole(turn, answer.decoded, usage, cost)
     return Response(dumps(body), mimetype="application/json")
 

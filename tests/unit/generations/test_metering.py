@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from app.generations.metering import StreamMeter
 from app.providers.base import (
     Adapter,
@@ -41,7 +43,13 @@ def meter(*, prompt_tokens: int = 20, prompt_exact: bool = True) -> tuple[Stream
     adapter = Words()
     route = Route(adapter=adapter, target=RouteTarget(upstream_model="m"))
     request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
-    return StreamMeter(route, request, prompt_tokens, prompt_exact=prompt_exact), adapter
+    generation = SimpleNamespace(
+        model=SimpleNamespace(routes=[route]),
+        request=request,
+        prompt_tokens=prompt_tokens,
+        prompt_tokens_exact=prompt_exact,
+    )
+    return StreamMeter(generation), adapter
 
 
 def delta(text: str = "", finish: str | None = None, **fields: object) -> Chunk:
