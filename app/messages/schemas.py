@@ -107,17 +107,35 @@ class ToolUseBlock(ObjectSchema):
     input = ObjectField(required=True)
 
 
-class ToolResultContentField(OptionalField):
-    """A tool result's ``content``: a string, or an array of blocks."""
+class BlocksField(OptionalField):
+    """A string, or an array of content blocks, each loaded by its type's schema.
 
-    default_error_messages = {"invalid": "must be a string or an array of content blocks."}
+    ``kinds`` are the block types with a schema here (every one of BLOCKS by default);
+    a block of another type passes on as sent, unless ``only``: then it is refused.
+    """
+
+    def __init__(
+        self, kinds: tuple[str, ...] | None = None, *, only: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.kinds = kinds
+        self.only = only
+        blocks = "text blocks" if only else "content blocks"
+        self.error_messages["invalid"] = f"must be a string or an array of {blocks}."
 
     def _deserialize(self, value, attr, data, **kwargs):
         if type(value) is str:
             return value
         if type(value) is not list:
             raise self.make_error("invalid")
-        return [load_block(block, index, TOOL_RESULT_BLOCKS) for index, block in enumerate(value)]
+        # BLOCKS is read here, when a request is parsed: it is made below the block schemas.
+        schemas = BLOCKS if self.kinds is None else {kind: BLOCKS[kind] for kind in self.kinds}
+        blocks = [load_block(block, index, schemas) for index, block in enumerate(value)]
+        if self.only:
+            for index, block in enumerate(blocks):
+                if block["type"] not in schemas:
+                    raise ValidationError({index: {"type": [f"must be {' or '.join(schemas)}."]}})
+        return blocks
 
 
 class ToolResultBlock(ObjectSchema):
@@ -125,7 +143,7 @@ class ToolResultBlock(ObjectSchema):
 
     type = StringField(required=True)
     tool_use_id = StringField(required=True, validate=Length(min=1, error=NOT_EMPTY))
-    content = ToolResultContentField()
+    content = BlocksField(("text", "image", "document"))
     is_error = BooleanField()
 
 
@@ -153,8 +171,6 @@ BLOCKS: dict[str, Schema] = {
     "thinking": ThinkingBlock(),
     "redacted_thinking": RedactedThinkingBlock(),
 }
-TOOL_RESULT_BLOCKS = {name: BLOCKS[name] for name in ("text", "image", "document")}
-TEXT_BLOCKS = {"text": BLOCKS["text"]}
 
 
 def load_block(block: Any, index: int, schemas: dict[str, Schema]) -> dict[str, Any]:
@@ -173,41 +189,11 @@ def load_block(block: Any, index: int, schemas: dict[str, Schema]) -> dict[str, 
         raise ValidationError({index: error.messages}) from None
 
 
-class ContentField(OptionalField):
-    """A message's ``content``: a string, or an array of content blocks."""
-
-    default_error_messages = {"invalid": "must be a string or an array of content blocks."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is str:
-            return value
-        if type(value) is not list:
-            raise self.make_error("invalid")
-        return [load_block(block, index, BLOCKS) for index, block in enumerate(value)]
-
-
-class SystemField(OptionalField):
-    """``system``: a string, or an array of text blocks."""
-
-    default_error_messages = {"invalid": "must be a string or an array of text blocks."}
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is str:
-            return value
-        if type(value) is not list:
-            raise self.make_error("invalid")
-        blocks = [load_block(block, index, TEXT_BLOCKS) for index, block in enumerate(value)]
-        for index, block in enumerate(blocks):
-            if block["type"] != "text":
-                raise ValidationError({index: {"type": ["must be text."]}})
-        return blocks
-
-
 class MessageParam(ObjectSchema):
     """One turn of the conversation; ``system`` turns are instructions given mid-way."""
 
     role = StringField(required=True, validate=OneOf(ROLES, error=ONE_OF))
-    content = ContentField(required=True)
+    content = BlocksField(required=True)
 
 
 class StopSequencesField(OptionalField):
@@ -345,7 +331,7 @@ class CountTokensRequest(ObjectSchema):
 
     model = StringField(required=True, validate=Length(min=1, error=NOT_EMPTY))
     messages = ListOf(MessageParam, required=True, validate=Length(min=1, error=NOT_EMPTY))
-    system = SystemField()
+    system = BlocksField(("text",), only=True)
     tools = ToolsField()
     tool_choice = NestedField(ToolChoice)
     thinking = NestedField(Thinking)
