@@ -31,7 +31,7 @@ from app.credits.ledger import (
 )
 from app.database import BoundStatement, utcnow
 from app.generations.live import live_holds
-from app.generations.metering import Meter, RelayMeter, StreamMeter
+from app.generations.metering import Meter, Outcome, RelayMeter, StreamMeter
 from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
 from app.generations.refusals import (
@@ -263,11 +263,12 @@ def native_routes(model: Model, api: str) -> tuple[Route, ...]:
 
 
 def relay_generation(
-    generation: Generation, call: NativeCall, usage_of: Callable[[dict[str, Any]], Usage]
+    generation: Generation, call: NativeCall, outcome_of: Callable[[dict[str, Any]], Outcome]
 ) -> tuple[NativeAnswer, Usage, Decimal]:
     """Pass ``call`` through whole on the model's native routes; settle; return what came.
 
-    ``usage_of`` reads the usage from the upstream's answer, in its door's wire format.
+    ``outcome_of`` reads the upstream's answer in its door's wire format: its usage, how
+    it finished, whether it failed.
     """
     routes = native_routes(generation.model, call.api)
     try:
@@ -275,9 +276,14 @@ def relay_generation(
     except BaseException:
         finish_generation(generation, usage=Usage(), status=FAILED, finish_reason=None)
         raise
-    usage = usage_of(answer.decoded)
-    cost = finish_generation(generation, usage=usage, status=COMPLETED, finish_reason=None)
-    return answer, usage, cost
+    outcome = outcome_of(answer.decoded)
+    cost = finish_generation(
+        generation,
+        usage=outcome.usage,
+        status=FAILED if outcome.failed else COMPLETED,
+        finish_reason=outcome.finish_reason,
+    )
+    return answer, outcome.usage, cost
 
 
 def relay_stream(generation: Generation, call: NativeCall, meter: RelayMeter) -> Iterator[Any]:
@@ -310,8 +316,9 @@ def _end_stream(generation: Generation, meter: Meter) -> StreamEnd:
     """Settle a stream that reached its end, at the upstream's usage; return its end."""
     meter.complete = True
     usage = meter.final_usage()
+    status = FAILED if meter.failed else COMPLETED
     cost = finish_generation(
-        generation, usage=usage, status=COMPLETED, finish_reason=meter.finish_reason
+        generation, usage=usage, status=status, finish_reason=meter.finish_reason
     )
     return StreamEnd(usage, cost, meter.finish_reason)
 

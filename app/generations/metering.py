@@ -7,7 +7,7 @@ worker can record it (app.sweeper) for the stream to be billed even if the worke
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from app.catalog.registry import Model
@@ -20,6 +20,8 @@ class Meter(Protocol):
     usage: Usage | None
     complete: bool
     finish_reason: str | None
+    # Whether the upstream said in the stream itself that the generation failed.
+    failed: bool
 
     @property
     def delivered_since_counted(self) -> bool:
@@ -37,6 +39,16 @@ class RelayMeter(Meter, Protocol):
 
     def observe(self, data: bytes) -> bool:
         """Read one upstream read's bytes; return whether they carried generated output."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a whole answer passed through came to, as its door reads it."""
+
+    usage: Usage
+    finish_reason: str | None = None
+    # Whether the upstream's answer itself says that the generation failed.
+    failed: bool = False
 
 
 class Metered(Protocol):
@@ -63,6 +75,7 @@ class DeliveryMeter:
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason: str | None = None
+        self.failed = False
         # Delivered text not counted yet; then what the counted pieces came to.
         self._pieces: list[str] = []
         self._delivered_tokens = 0

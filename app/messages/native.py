@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.generations.lifecycle import Generation, StreamEnd
-from app.generations.metering import DeliveryMeter
+from app.generations.metering import DeliveryMeter, Outcome
 from app.generations.models import MESSAGES
 from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING
 from app.providers.anthropic import FINISH_REASONS, usage_from
@@ -59,12 +59,13 @@ def capped_thinking(thinking: Any, max_tokens: int) -> Any:
     return {**thinking, "budget_tokens": max(max_tokens - 1, MIN_THINKING_BUDGET)}
 
 
-def whole_usage(response: dict[str, Any]) -> Usage:
-    """Return the usage a whole Message reports (cache reads and writes in the prompt)."""
+def whole_outcome(response: dict[str, Any]) -> Outcome:
+    """Return a whole Message's usage (cache reads and writes in the prompt), and why it stopped."""
     usage = response.get("usage")
     if type(usage) is not dict:
         raise UpstreamError("The model's upstream answered without its usage.")
-    return usage_from(usage)
+    reason = response.get("stop_reason")
+    return Outcome(usage_from(usage), FINISH_REASONS.get(reason, "stop") if reason else None)
 
 
 def answered(
@@ -94,8 +95,6 @@ class RelayedStream(DeliveryMeter):
         self.kept_back: list[dict[str, Any]] = []
         # message_start's usage, updated by message_delta's (its output is a running total).
         self.counts: dict[str, Any] = {}
-        # Whether the upstream said itself that the stream broke (an error event).
-        self.broken = False
 
     def observe(self, data: bytes) -> bool:
         """Read one upstream read; return whether it delivered generated output."""
@@ -119,7 +118,7 @@ class RelayedStream(DeliveryMeter):
                 self.finish_reason = FINISH_REASONS.get(reason, "stop")
             self.kept_back.append(payload)
         else:
-            self.broken = self.broken or kind == "error"
+            self.failed = self.failed or kind == "error"
             # Every other event goes on as the upstream wrote it.
             self.completed.append(b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode()))
             return self.delivered_text(payload)
@@ -166,7 +165,7 @@ class RelayedStream(DeliveryMeter):
 
     def ending(self, end: StreamEnd) -> bytes:
         """Frame the kept-back events with the stream's cost; nothing after an error event."""
-        if self.broken and not self.kept_back:
+        if self.failed and not self.kept_back:
             return b""  # the caller has the upstream's error event
         if not self.kept_back:
             raise UpstreamError("The model's upstream ended the stream before its last event.")

@@ -20,7 +20,7 @@ from app.generations.lifecycle import (
 )
 from app.generations.models import MESSAGES
 from app.messages.bodies import MESSAGES_FRAMING, new_message_id
-from app.messages.native import RelayedStream, answered, native_call, whole_usage
+from app.messages.native import RelayedStream, answered, native_call, whole_outcome
 from app.messages.schemas import parse_count_tokens_request, parse_messages_request
 from app.messages.translation import (
     StreamTranslation,
@@ -69,7 +69,7 @@ def relayed_message(generation: Generation, body: dict, *, stream: bool) -> Resp
         relayed = RelayedStream(generation)
         events = relayed.events(relay_stream(generation, call, relayed))
         return event_stream_response(events, relayed.framing())
-    answer, _, cost = relay_generation(generation, call, whole_usage)
+    answer, _, cost = relay_generation(generation, call, whole_outcome)
     return Response(dumps(answered(answer.decoded, generation, cost)), mimetype="application/json")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from app.encoding import dumps_transient
 from app.errors import APIError
 from app.generations.lifecycle import Generation, StreamEnd
-from app.generations.metering import DeliveryMeter
+from app.generations.metering import DeliveryMeter, Outcome
 from app.generations.models import RESPONSES
 from app.providers.base import NativeCall, Usage
 from app.providers.errors import UpstreamError
@@ -51,6 +51,8 @@ TEXT_DELTAS = frozenset(
     }
 )
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# Output items that call a tool: a response that ends with one ends for its result.
+CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
 
 
 def sent_items(body: dict[str, Any], request: ResponseRequest) -> list[dict[str, Any]]:
@@ -104,18 +106,36 @@ def _count(value: Any) -> int:
     return value if type(value) is int and value > 0 else 0
 
 
-def whole_usage(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Usage]:
-    """Return how a whole answer's usage is read: the upstream's, else what it delivered."""
+def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
+    """Return how a whole answer is read: its usage, how it finished, whether it failed.
 
-    def usage_of(response: dict[str, Any]) -> Usage:
+    The usage is the upstream's, else what its output comes to.
+    """
+
+    def outcome_of(response: dict[str, Any]) -> Outcome:
         usage = reported_usage(response)
-        if usage is not None:
-            return usage
-        for text in output_texts(response.get("output")):
-            meter.deliver(text)
-        return meter.usage_so_far()
+        if usage is None:
+            for text in output_texts(response.get("output")):
+                meter.deliver(text)
+            usage = meter.usage_so_far()
+        failed = response.get("status") == FAILED
+        return Outcome(usage, finish_reason_of(response), failed)
 
-    return usage_of
+    return outcome_of
+
+
+def finish_reason_of(response: dict[str, Any]) -> str | None:
+    """Return why a response ended, in the words of the generation records (chat's)."""
+    status = response.get("status")
+    if status == INCOMPLETE:
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if type(details) is dict else None
+        return "content_filter" if reason == "content_filter" else "length"
+    if status != COMPLETED:
+        return None
+    output = response.get("output")
+    calls = any(type(item) is dict and item.get("type") in CALL_ITEMS for item in output or ())
+    return "tool_calls" if calls else "stop"
 
 
 def output_texts(output: Any) -> Iterator[str]:
@@ -181,8 +201,6 @@ class RelayedStream(DeliveryMeter):
         # The events the last reads completed: name, data as sent, data decoded.
         self.completed: list[tuple[str, str, dict[str, Any]]] = []
         self.terminal: dict[str, Any] | None = None
-        # Whether the upstream said itself that the stream broke (an error event).
-        self.broken = False
         self.sequence = -1
         # The response as last announced, for a stream that breaks to end with.
         self.snapshot: dict[str, Any] | None = None
@@ -196,11 +214,12 @@ class RelayedStream(DeliveryMeter):
             if kind in TEXT_DELTAS and type(payload.get("delta")) is str:
                 self.deliver(payload["delta"])
                 delivered = True
-            self.broken = self.broken or kind == "error"
+            self.failed = self.failed or kind in ("error", "response.failed")
             if type(payload.get("sequence_number")) is int:
                 self.sequence = payload["sequence_number"]
             if kind in TERMINAL_EVENTS and type(payload.get("response")) is dict:
                 self.usage = reported_usage(payload["response"])
+                self.finish_reason = finish_reason_of(payload["response"])
                 self.terminal = payload
             else:
                 self.completed.append((event.event, event.data, payload))
@@ -232,7 +251,7 @@ class RelayedStream(DeliveryMeter):
 
     def ending(self, end: StreamEnd) -> bytes:
         """Frame the held-back last event with the stream's cost; store its response."""
-        if self.terminal is None and self.broken:
+        if self.terminal is None and self.failed:
             return b""  # the caller has the upstream's error event
         if self.terminal is None:
             raise UpstreamError("The model's upstream ended the stream before the response.")

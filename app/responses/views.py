@@ -33,7 +33,7 @@ from app.responses.native import (
     answered_whole,
     native_call,
     sent_items,
-    whole_usage,
+    whole_outcome,
 )
 from app.responses.schemas import parse_response_request
 from app.responses.store import delete_response, find_stored
@@ -88,7 +88,9 @@ def relayed_response(turn: Turn, generation: Generation, body: dict[str, Any]) -
         stream = RelayedStream(turn, generation)
         events = stream.events(relay_stream(generation, call, stream))
         return event_stream_response(events, stream.framing())
-    answer, usage, cost = relay_generation(generation, call, whole_usage(DeliveryMeter(generation)))
+    answer, usage, cost = relay_generation(
+        generation, call, whole_outcome(DeliveryMeter(generation))
+    )
     body = answered_whole(turn, answer.decoded, usage, cost)
     return Response(dumps(body), mimetype="application/json")
 

@@ -423,6 +423,11 @@ def test_a_thinking_signature_comes_back_byte_identical_and_cache_reads_and_writ
     )
     assert cost_of_usage(second.usage) == read.cost
     assert second.usage.cache_read_input_tokens == 2048
+    # Recorded as they stopped: the first for its tool call, the second with its answer.
+    assert [(g.status, g.finish_reason) for g in (written, read)] == [
+        ("completed", "tool_calls"),
+        ("completed", "stop"),
+    ]
 
 
 def test_a_streamed_answer_passed_through_names_the_gateways_message_and_its_cost(
@@ -445,6 +450,7 @@ def test_a_streamed_answer_passed_through_names_the_gateways_message_and_its_cos
     (generation,) = generations_of(app, funded, 1)
     assert generation.id == final.id and generation.api == "messages"
     assert cost_of_usage(events[-2].usage) == generation.cost > 0
+    assert (generation.status, generation.finish_reason) == ("completed", "stop")
 
 
 def test_a_stream_the_upstream_breaks_ends_with_its_error_and_bills_what_was_delivered(
@@ -465,6 +471,7 @@ def test_a_stream_the_upstream_breaks_ends_with_its_error_and_bills_what_was_del
     (generation,) = generations_of(app, funded, 1)
     # Two pieces of text went out: they are billed, counted (message_start said 1 token).
     assert generation.completion_tokens > 1 and generation.cost > 0
+    assert generation.status == "failed"
 
 
 def test_an_anthropic_routes_refusal_comes_back_in_anthropics_envelope_charged_nothing(

@@ -237,6 +237,11 @@ def test_a_function_call_round_trip_keeps_encrypted_reasoning_byte_for_byte(
     assert (first_generation.id, second_generation.id) == (first.id, second.id)
     assert total_cost(first.usage) == first_generation.cost
     assert (first_generation.cached_tokens, first_generation.reasoning_tokens) == (128, 64)
+    # Recorded as they ended: the first for its tool call, the second with its answer.
+    assert [(g.status, g.finish_reason) for g in (first_generation, second_generation)] == [
+        ("completed", "tool_calls"),
+        ("completed", "stop"),
+    ]
     audit_clean(runner, funded)
 
 
@@ -275,6 +280,7 @@ def test_a_stream_is_relayed_event_by_event_and_its_response_continued(
         key=lambda g: g.created_at,
     )
     assert stream_generation.streamed and stream_generation.id == final.id
+    assert (stream_generation.status, stream_generation.finish_reason) == ("completed", "stop")
     assert total_cost(final.usage) == stream_generation.cost
     sent = scripted.exchanges[1].json
     assert sent["input"] == [
@@ -407,6 +413,8 @@ def test_a_response_the_upstream_fails_mid_stream_is_billed_for_what_it_delivere
     account, (generation,), charges, holds = billing_records(app, funded.account_id)
     # The upstream reported no usage: what it delivered is counted, the prompt estimated.
     assert generation.estimated and generation.completion_tokens == 2 and generation.cost > 0
+    # Recorded as the upstream said it ended: failed.
+    assert (generation.status, generation.finish_reason) == ("failed", None)
     assert [-charge.amount for charge in charges] == [generation.cost]
     assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
     # It shows the usage billed, which the upstream did not report.

@@ -15,6 +15,7 @@ from app.catalog.registry import current_catalog
 from app.credits.models import LedgerEntry
 from app.extensions import db
 from app.generations import lifecycle
+from app.generations.metering import Outcome
 from app.generations.models import Generation
 from app.providers.base import (
     Adapter,
@@ -71,11 +72,15 @@ class LinesMeter:
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason = None
+        self.failed = False
         self.words = 0
         self.delivered_since_counted = False
 
     def observe(self, data: bytes) -> bool:
         event = json.loads(data)
+        if "error" in event:
+            self.failed = True
+            return False
         if "usage" in event:
             self.usage = Usage(prompt_tokens=event["usage"][0], completion_tokens=event["usage"][1])
             return False
@@ -132,13 +137,47 @@ def test_a_whole_answer_passed_through_is_charged_the_usage_its_door_reads(nativ
     call = NativeCall(api="lines", body={"model": model.id}, headers={"x-version": "1"})
 
     answer, usage, cost = lifecycle.relay_generation(
-        generation, call, lambda body: Usage(*body["usage"])
+        generation, call, lambda body: Outcome(Usage(*body["usage"]), "length")
     )
 
     assert adapter.calls == [call]
     assert answer.decoded["model"] == "upstream-name"
     assert usage == Usage(prompt_tokens=11, completion_tokens=5)
     assert cost == cost_of(usage, model.pricing) and charged(generation.id) == [-cost]
+    record = db.session.get(Generation, generation.id)
+    assert (record.status, record.finish_reason) == ("completed", "length")
+
+
+def test_a_whole_answer_its_door_reads_as_failed_is_recorded_failed_and_charged(native_model):
+    model, _ = native_model
+    generation = start(model)
+    call = NativeCall(api="lines", body={"model": model.id})
+
+    _, usage, cost = lifecycle.relay_generation(
+        generation, call, lambda body: Outcome(Usage(*body["usage"]), failed=True)
+    )
+
+    assert cost == cost_of(usage, model.pricing) > 0 and charged(generation.id) == [-cost]
+    assert db.session.get(Generation, generation.id).status == "failed"
+
+
+def test_a_stream_that_says_it_failed_is_recorded_failed_and_charged_what_it_delivered(
+    native_model,
+):
+    model, adapter = native_model
+    adapter_events = [EVENTS[0], b'{"error": "overloaded"}\n']
+    generation = start(model, stream=True)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tests.unit.generations.test_relay.EVENTS", adapter_events)
+        items = list(
+            lifecycle.relay_stream(generation, NativeCall(api="lines", body={}), LinesMeter())
+        )
+
+    end = items[-1]
+    assert end.usage == Usage(prompt_tokens=11, completion_tokens=2, estimated=True)
+    assert charged(generation.id) == [-end.cost] and end.cost > 0
+    assert db.session.get(Generation, generation.id).status == "failed"
 
 
 def test_a_stream_passed_through_yields_the_upstreams_bytes_then_settles(native_model):
