@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -64,6 +65,9 @@ class Config:
     MAIL_FROM = "gateway@localhost"
     # How often each worker's background deliverer sends the alert events waiting.
     ALERTS_POLL_SECONDS = 2.0
+    # Private networks (comma-separated CIDRs) alert webhooks may be sent to; public
+    # addresses always may (app.alerts.networks).
+    ALERT_WEBHOOK_NETWORKS = ""
     # Dashboard sessions: the cookie is out of scripts' reach and not sent cross-site.
     SESSION_COOKIE_HTTPONLY = True
     SESSION_COOKIE_SAMESITE = "Lax"
@@ -93,6 +97,8 @@ class TestingConfig(Config):
     ENV_NAME = "testing"
     TESTING = True
     SECRET_KEY = "testing-only-secret"
+    # The tests' webhook receivers listen on this machine.
+    ALERT_WEBHOOK_NETWORKS = "127.0.0.0/8,::1/128"
 
 
 class ProductionConfig(Config):
@@ -158,6 +164,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _networks(value: str) -> str:
+    for part in value.split(","):
+        if part.strip():
+            ipaddress.ip_network(part.strip(), strict=False)
+    return value
+
+
 def _signup_mode(value: str) -> str:
     if value not in ("open", "closed"):
         raise ValueError("must be open or closed")
@@ -182,6 +195,7 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS", str),
     ("SMTP_URL", "SMTP_URL", str),
     ("MAIL_FROM", "MAIL_FROM", str),
+    ("ALERT_WEBHOOK_NETWORKS", "ALERT_WEBHOOK_NETWORKS", _networks),
 )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 import requests
 from cryptography.fernet import InvalidToken
@@ -30,6 +31,7 @@ from app.alerts.models import (
     AlertEndpoint,
     AlertEvent,
 )
+from app.alerts.networks import refusal
 from app.alerts.secrets import unseal
 from app.database import utcnow
 from app.extensions import db
@@ -160,6 +162,10 @@ def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | No
 
 def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int:
     """POST the signed event to ``url``; return its 2xx status. :raise DeliveryFailed."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if refused := refusal(parts.hostname or "", port):
+        raise DeliveryFailed(f"refused: {refused}")
     body = event_body(event)
     headers = {
         "Content-Type": "application/json",

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 
 from app.accounts.changes import record_change
 from app.alerts.models import EMAIL, WEBHOOK, AlertDelivery, AlertEndpoint, AlertEvent
+from app.alerts.networks import literal_refusal
 from app.alerts.secrets import new_secret, seal
 from app.credits.models import Account
 from app.database import utcnow
@@ -75,6 +76,12 @@ def add_webhook(account_id: int, url: str, actor: int | None = None) -> tuple[Al
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 2000:
         raise InvalidAlertSetting("a webhook URL must be an http:// or https:// URL")
+    try:
+        parts.port  # noqa: B018 - read for its check: a port out of range raises
+    except ValueError:
+        raise InvalidAlertSetting("a webhook URL's port must be from 1 to 65535") from None
+    if refused := literal_refusal(parts.hostname):
+        raise InvalidAlertSetting(f"a webhook may not be sent there: {refused}")
     secret = new_secret()
     endpoint = AlertEndpoint(
         account_id=account_id, kind=WEBHOOK, target=url, sealed_secret=seal(secret)

@@ -1,0 +1,88 @@
+"""Webhooks go to public addresses, and to the private networks the operator allows."""
+
+from __future__ import annotations
+
+import ipaddress
+from decimal import Decimal
+
+import pytest
+
+from app.alerts.delivery import deliver_alerts
+from app.alerts.endpoints import (
+    InvalidAlertSetting,
+    add_webhook,
+    delivery_log,
+    set_balance_threshold,
+)
+from app.alerts.models import PENDING
+from app.alerts.networks import allowed_networks, is_allowed
+from config.settings import ConfigurationError, settings_from_environment
+from tests.alert_receiver import webhook_receiver
+from tests.factories import AccountFactory
+
+
+@pytest.fixture
+def public_only(app_context, monkeypatch):
+    """The default of a deployment: no private network allowed."""
+    monkeypatch.setitem(app_context.config, "ALERT_WEBHOOK_NETWORKS", "")
+    return app_context
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1",
+        "10.1.2.3",
+        "172.16.0.9",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "::1",
+        "fd00::1",
+        "fe80::1",
+        "::ffff:127.0.0.1",
+        "224.0.0.1",
+    ],
+)
+def test_private_addresses_are_refused_unless_allowed(address):
+    assert not is_allowed(ipaddress.ip_address(address), ())
+    allowed = allowed_networks("0.0.0.0/0, ::/0")
+    assert is_allowed(ipaddress.ip_address(address), allowed) or address == "224.0.0.1"
+
+
+def test_public_addresses_are_allowed():
+    for address in ("93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"):
+        assert is_allowed(ipaddress.ip_address(address), ())
+
+
+def test_a_webhook_at_a_private_address_is_refused_when_added(public_only):
+    account_id = AccountFactory.create().id
+    for url in ("http://169.254.169.254/latest", "http://[::1]:8080/x", "http://10.0.0.5/"):
+        with pytest.raises(InvalidAlertSetting, match="private address"):
+            add_webhook(account_id, url)
+    with pytest.raises(InvalidAlertSetting, match="port"):
+        add_webhook(account_id, "http://hooks.example:99999/")
+
+
+def test_a_name_resolving_to_a_private_address_is_not_sent_to(public_only):
+    account = AccountFactory.create(credits=Decimal("10"))
+    public_only.config["ALERT_WEBHOOK_NETWORKS"] = "127.0.0.0/8"
+    with webhook_receiver() as receiver:
+        # Added while allowed; by its first try the operator allows it no more.
+        add_webhook(account.id, receiver.url.replace("127.0.0.1", "localhost"))
+        public_only.config["ALERT_WEBHOOK_NETWORKS"] = ""
+        set_balance_threshold(account.id, Decimal("100"))
+        deliver_alerts()
+    assert receiver.posts == 0
+    [line] = delivery_log(account.id)
+    assert line.delivery.status == PENDING and line.delivery.attempts == 1
+    assert "localhost is a private address" in line.delivery.last_error
+
+
+def test_the_setting_is_checked_when_read_from_the_environment():
+    assert settings_from_environment({"ALERT_WEBHOOK_NETWORKS": "10.0.0.0/8, fd00::/8"}) == {
+        "ALERT_WEBHOOK_NETWORKS": "10.0.0.0/8, fd00::/8"
+    }
+    with pytest.raises(ConfigurationError, match="ALERT_WEBHOOK_NETWORKS"):
+        settings_from_environment({"ALERT_WEBHOOK_NETWORKS": "10.0.0.0/33"})
