@@ -12,6 +12,7 @@ encoded by it, so that the door's streams settle as the chat ones must.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,7 +53,9 @@ from app.messages.schemas import parse_messages_request
 from app.messages.translation import StreamTranslation as MessagesStream
 from app.messages.translation import chat_request as translated_request
 from app.messages.translation import message_of
+from app.providers import cooldown
 from app.providers.base import ChatRequest, Route, RouteTarget, Usage
+from app.providers.cooldown import LocalCooldowns, cooldown_policy, upstream_cooldowns
 from app.responses import conversation as response_conversation
 from app.responses import store as response_store
 from app.responses.bodies import EventWriter
@@ -108,7 +111,12 @@ class SimulatedClock:
 
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
-    """Make the money path, keys, claims, stored responses, audit and pruning read ``clock``."""
+    """Make the money path, keys, claims, stored responses, audit and pruning read ``clock``.
+
+    The upstream's cooldowns too, on a board of the run's own: a cooldown begun by three
+    failures in a row ends after its seconds of the simulated clock, and what a run
+    before left on the process's board does not carry over.
+    """
     for module in (
         ledger,
         generations,
@@ -122,6 +130,25 @@ def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> Non
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
+    monkeypatch.setattr(cooldown, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(upstream_cooldowns, "store", LocalCooldowns())
+
+
+def disturb_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave the process as a run before it and a machine of another speed may leave it.
+
+    The process's board of upstream cooldowns has the simulated upstream cooling down,
+    as a run's failures leave it, and the process's own clocks (``time.monotonic``,
+    ``time.time``) stand still, so that no cooldown begun by them ever ends. A simulated
+    world that read either would take another course than it did.
+    """
+    monotonic, wall = time.monotonic(), time.time()
+    monkeypatch.setattr(time, "monotonic", lambda: monotonic)
+    monkeypatch.setattr(time, "time", lambda: wall)
+    upstream = SimulatedAdapter().upstream
+    monkeypatch.setattr(upstream_cooldowns, "store", LocalCooldowns())
+    for _ in range(cooldown_policy(upstream).failures):
+        upstream_cooldowns.note_failure(upstream)
 
 
 class Workers:
