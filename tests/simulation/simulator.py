@@ -185,6 +185,8 @@ class Simulation:
         self.interrupted: set[str] = set()
         # Stored responses: (account index, response id, when it was stored).
         self.stored: list[tuple[int, str, float]] = []
+        # The response each stored one continued (None: it began its conversation).
+        self.continued: dict[str, str | None] = {}
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
@@ -327,12 +329,20 @@ class Simulation:
         return f"start {request.name} max_tokens={request.max_tokens}: {described}"
 
     def continuable(self, request: SimRequest) -> bool:
-        """Whether the response the request continues is its account's and still kept."""
-        for account_index, response_id, stored_at in self.stored:
-            if response_id == request.previous:
-                alive = self.clock.elapsed < stored_at + driver.RESPONSES_TTL_SECONDS
-                return account_index == request.account.index and alive
-        return False
+        """Whether the response the request continues is its account's and still kept.
+
+        Every response before it in its conversation must be kept too: each expires in
+        its own time, the earliest first.
+        """
+        kept = {response_id: (index, stored_at) for index, response_id, stored_at in self.stored}
+        response_id = request.previous
+        while response_id is not None:
+            account_index, stored_at = kept[response_id]
+            alive = self.clock.elapsed < stored_at + driver.RESPONSES_TTL_SECONDS
+            if account_index != request.account.index or not alive:
+                return False
+            response_id = self.continued[response_id]
+        return True
 
     def new_request(
         self, account: SimAccount, key: SimKey, model: Any, *, stream: bool, max_tokens: int
@@ -722,6 +732,7 @@ class Simulation:
             if found is None or found != request.told_cost:
                 problems.append(f"stored cost {found}, told the caller {request.told_cost}")
             self.stored.append((request.account.index, response_id, self.clock.elapsed))
+            self.continued[response_id] = request.previous
         elif found is not None:
             problems.append("a response stored though it should not be")
         if seen_by_others:
