@@ -884,6 +884,16 @@ def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
 
 
+def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a charge is totalled in its hour without its request."""
+    totals = ledger._rollup_parameters
+
+    def without_the_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**totals(*args, **kwargs), statements.ROLLUP_PREFIX + "requests": 0}
+
+    monkeypatch.setattr(ledger, "_rollup_parameters", without_the_request)
+
+
 def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the claims on purpose: a claim older than the TTL is taken over, charged or not."""
 

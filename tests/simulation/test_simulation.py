@@ -47,6 +47,15 @@ def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
         simulation.run()
 
 
+def test_rollups_that_miss_requests_are_caught(disposable_app, monkeypatch):
+    driver.plant_rollups_that_miss_requests(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(
+        SimulationFailure, match=r"(?s)seed 3, step \d+.*usage rollup .* requests 0 but"
+    ):
+        simulation.run()
+
+
 def test_a_settlement_run_twice_is_caught(disposable_app, monkeypatch):
     driver.plant_settlement_that_forgets(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
