@@ -4,7 +4,9 @@ Everything the simulator decides (which request moves, what its upstream sends, 
 caller hangs up, a worker dies or time jumps) comes from one ``random.Random(seed)``, so
 a seed replays the same schedule against the real ledger and database. After every step
 the database's truth is checked against the invariants; the first violation stops the
-run with the seed, the step and the schedule up to it.
+run with the seed, the step and the schedule up to it. What the budgets of keys and
+members hold, and so which hold a 402 refuses, is foretold by the simulator's own
+account of them (``budget_model``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from app.budgets import WINDOWS
 from app.providers.base import Usage
 from app.providers.errors import UpstreamError
 from tests.simulation import driver
+from tests.simulation.budget_model import BALANCE, KEY, MEMBER, BudgetModel, Counters, Forecast
 from tests.simulation.upstream import SimulatedAdapter, UpstreamScript
 
 # Far in the future, so that no other process's sweeper (its clock is the real one)
@@ -43,6 +46,24 @@ AUDIT_EVERY = 100
 # Retries of an Idempotency-Key come this soon after its last claim, inside the 24 hours
 # a claim is kept (app.generations.idempotency.REPLAY_WINDOW).
 KEY_RETRIES_WITHIN = timedelta(hours=23)
+
+
+# How a 402 names each limit the model foretells, and how a hold past it is told.
+LIMITS_NAMED = {BALANCE: driver.BALANCE, KEY: driver.KEY_BUDGET, MEMBER: driver.MEMBER_BUDGET}
+PASSED = {
+    BALANCE: "the available balance",
+    KEY: "its key's budget",
+    MEMBER: "its member's budget",
+}
+
+
+def refusal_named(outcome: driver.Shortage | int) -> str:
+    """How the schedule tells a refusal: its status, and a 402's limit."""
+    if isinstance(outcome, int):
+        return str(outcome)
+    if outcome.limit == driver.BALANCE:
+        return "402 by the balance"
+    return f"402 by the {outcome.limit}'s {outcome.window} budget"
 
 
 class SimulationFailure(AssertionError):
@@ -91,6 +112,8 @@ class SimAccount:
     grant_keys: dict[str, Decimal] = field(default_factory=dict)
     # The organisation's current members by id, its owner first; all pay from its balance.
     members: list[int] = field(default_factory=list)
+    # How many members it ever had: the next one is named after it.
+    joined: int = 0
 
 
 @dataclass
@@ -173,10 +196,13 @@ class Simulation:
         self.workers = list(range(WORKERS))
         self.schedule: list[str] = []
         self.step = 0
-        # How far each limited key is past its limit: only lowering the limit may raise it.
-        self.key_excess: dict[str, Decimal] = {}
+        # How far each key or member is past its budget: only changing the budget may raise it.
+        self.excess: dict[str, Decimal] = {}
         self.audit_every = max(AUDIT_EVERY, steps // 100)
-        self.limit_changed: SimKey | None = None
+        # The key's or member's counters whose budget this step changed.
+        self.budget_changed: Counters | None = None
+        # The simulator's own account of every key's and member's budget and counters.
+        self.budgets = BudgetModel()
         # Each Idempotency-Key's requests, in the order they ran under it.
         self.keyed: dict[str, list[SimRequest]] = {}
         # Whole answers charged whose worker has not stored them under their key yet.
@@ -205,7 +231,7 @@ class Simulation:
             email = f"sim-{self.seed}-{index}-{uuid.uuid4().hex[:12]}@example.com"
             credits = self.money(Decimal("0.002"), Decimal("0.03"))
             account = SimAccount(index, driver.open_account(email, credits), email)
-            account.members.append(driver.owner_of(account.id))
+            self.join(account, driver.owner_of(account.id))
             self.accounts.append(account)
             for _ in range(2):
                 self.issue_key(account)
@@ -249,7 +275,7 @@ class Simulation:
             self.fail([f"{action.__name__} raised {error!r}", traceback.format_exc()])
         self.schedule.append(f"{self.step}: {description}")
         self.check_invariants(audit=audit or self.step % self.audit_every == 0)
-        self.limit_changed = None
+        self.budget_changed = None
 
     def fail(self, problems: list[str]) -> None:
         """Stop the run with the seed, the step, the problems and the schedule."""
@@ -320,12 +346,13 @@ class Simulation:
             store=request.store,
             previous=request.previous,
         )
+        forecast = self.forecast(request) if expected is None else None
         outcome = self.processes.start_response(
             request.worker, value, request.model, body, self.clock, self.ttl
         )
         if isinstance(outcome, tuple):
             outcome, request.turn = outcome
-        described = self.started(request, outcome, expected)
+        described = self.started(request, outcome, expected, forecast)
         return f"start {request.name} max_tokens={request.max_tokens}: {described}"
 
     def continuable(self, request: SimRequest) -> bool:
@@ -375,20 +402,48 @@ class Simulation:
             request.number, request.model, stream=request.stream, max_tokens=request.max_tokens
         )
         generation_id = None if request.claim is None else request.claim.generation_id
+        forecast = self.forecast(request) if expected is None else None
         outcome = self.processes.start(
             request.worker, value, request.model, chat, self.clock, self.ttl, generation_id
         )
-        described = self.started(request, outcome, expected)
+        described = self.started(request, outcome, expected, forecast)
         if request.claim is not None and request.state == REFUSED:
             driver.release_claim(request.claim)
         return described
 
-    def started(self, request: SimRequest, outcome: Any, expected: int | None) -> str:
-        """Record how the start went and check a refusal was the right one."""
-        if isinstance(outcome, int):
+    def forecast(self, request: SimRequest) -> Forecast:
+        """What the request's hold must come to, by the model's budgets and the balance.
+
+        It is sized by the prompt's bound, then by its count; on the way, the account's
+        holds past their expiry whose requests recorded no progress are released.
+        """
+        script, now = request.script, self.clock.now()
+        bound, counted = (
+            driver.worst_case(request.model, prompt_tokens=tokens, max_tokens=request.max_tokens)
+            for tokens in (script.prompt_bound, script.prompt_estimate)
+        )
+        account_id = request.account.id
+        state = driver.account_states([account_id])[account_id]
+        holds = driver.open_holds([account_id])
+        driver.end_reads()
+        expired = [
+            hold.id
+            for hold in holds
+            if hold.expires_at < now
+            and (owner := self.hold_owners.get(hold.id)) is not None
+            and owner.recorded is None
+        ]
+        available = state.balance - state.reserved
+        return self.budgets.expect_hold(request.key.id, (bound, counted), available, expired, now)
+
+    def started(
+        self, request: SimRequest, outcome: Any, expected: int | None, forecast: Forecast | None
+    ) -> str:
+        """Record how the start went; check it held or refused as foretold."""
+        if isinstance(outcome, int | driver.Shortage):
             request.state = REFUSED
-            self.check_refusal(request, outcome, expected)
-            return f"refused {outcome}"
+            self.check_refusal(request, outcome, expected, forecast)
+            return f"refused {refusal_named(outcome)}"
         if expected is not None:
             self.fail([f"{request.name} was served with a key that should get {expected}"])
         request.state, request.generation = OPEN, outcome
@@ -399,31 +454,55 @@ class Simulation:
         hold_id, amount = driver.hold_of(outcome)
         self.hold_owners[hold_id] = request
         self.live.append(request)
+        self.check_held(request, amount, forecast)
+        self.budgets.hold(hold_id, request.key.id, amount, self.clock.now())
         return f"held ${amount}"
 
-    def check_refusal(self, request: SimRequest, status: int, expected: int | None) -> None:
-        """A refusal must match the key's state, and a 402 the available balance."""
+    def check_held(self, request: SimRequest, amount: Decimal, forecast: Forecast) -> None:
+        """A hold was placed: it must be the one foretold, not one some limit refuses.
+
+        A hold larger than foretold passed the limit that should have sized it down.
+        """
+        passed = forecast.refused_by
+        if passed is None and amount > forecast.amount:
+            passed = forecast.resized_by
+        if passed is not None:
+            expected = f"a hold of ${forecast.amount}, sized by the prompt's count"
+            if forecast.refused_by is not None:
+                expected = f"a 402 with ${forecast.amount} asked and ${forecast.left} left"
+            self.fail([f"{request.name} was held ${amount}, past {PASSED[passed]}: {expected}"])
+        if amount != forecast.amount:
+            self.fail([f"{request.name} was held ${amount}, expected ${forecast.amount}"])
+
+    def check_refusal(
+        self, request: SimRequest, outcome: Any, expected: int | None, forecast: Forecast | None
+    ) -> None:
+        """A refusal must match the key's state; a 402 must be foretold, naming its limit.
+
+        It names the first limit the hold does not fit (the balance, the key's budget,
+        the member's), with what was asked and what that limit leaves.
+        """
         if expected is not None:
+            status = outcome if isinstance(outcome, int) else outcome.status
             if status != expected:
                 self.fail([f"{request.name} refused {status}, expected {expected}"])
             return
-        if status != driver.INSUFFICIENT:
-            self.fail([f"{request.name} with an active key refused {status}"])
-        worst = driver.worst_case(
-            request.model,
-            prompt_tokens=request.script.prompt_estimate,
-            max_tokens=request.max_tokens,
+        if forecast.refused_by is None:
+            self.fail(
+                [
+                    f"{request.name} refused {refusal_named(outcome)}: {outcome}, "
+                    f"expected a hold of ${forecast.amount}"
+                ]
+            )
+        told = driver.Shortage(
+            LIMITS_NAMED[forecast.refused_by],
+            forecast.amount,
+            forecast.left,
+            forecast.budget,
+            forecast.window,
         )
-        state = driver.account_states([request.account.id])[request.account.id]
-        driver.end_reads()
-        if state.balance - state.reserved >= worst and not self.key_short(request.key, worst):
-            self.fail([f"{request.name} refused 402 with ${worst} needed and enough available"])
-
-    def key_short(self, key: SimKey, amount: Decimal) -> bool:
-        """Whether the key's budget leaves less than ``amount`` in its window."""
-        allowance = driver.key_states([key.id], self.clock.now())[key.id].allowance
-        driver.end_reads()
-        return allowance is not None and allowance < amount
+        if outcome != told:
+            self.fail([f"{request.name} refused {outcome}, expected {told}"])
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey, str, int | None]:
         """A key value to call with, and the refusal it must get (None: it is valid)."""
@@ -661,6 +740,10 @@ class Simulation:
             problems = self.death_problems(request, settled)
             if problems:
                 self.fail([f"{request.name} died: {problem}" for problem in problems])
+            if request.recorded is None:
+                self.budgets.release(hold_id)
+            else:
+                self.budgets.settle(hold_id, sum(settled.charges, Decimal(0)))
 
     def death_problems(self, request: SimRequest, settled: driver.Settlement) -> list[str]:
         """What is wrong with the settlement of a dead request's ended hold."""
@@ -689,14 +772,14 @@ class Simulation:
         """What may be charged for this request if it settles in the next step.
 
         Its hold if still open, and beyond it what the account has available and the
-        key's budget still allows.
+        budgets of its key and its member still allow, as the model has them.
         """
         hold_id, amount = driver.hold_of(request.generation)
         state = driver.account_states([request.account.id])[request.account.id]
-        allowance = driver.key_states([request.key.id], self.clock.now())[request.key.id].allowance
-        held = amount if driver.hold_is_open(hold_id) else Decimal(0)
         driver.end_reads()
         room = max(state.balance - state.reserved, Decimal(0))
+        allowance = self.budgets.room(request.key.id, self.clock.now())
+        held = amount if self.budgets.holds[hold_id].open else Decimal(0)
         return held + (room if allowance is None else min(room, allowance))
 
     def end(self, request: SimRequest, cap: Decimal, *, completed: bool, how: str) -> str:
@@ -713,6 +796,7 @@ class Simulation:
         if expected < price:
             self.shortfalls.add(driver.generation_id(request.generation))
         self.check_settlement(request, usage, expected, shortfall=price - expected)
+        self.budgets.settle(driver.hold_of(request.generation)[0], expected)
         if request.turn is not None:
             self.check_stored(request, completed=completed)
         return f"{how}: {request.name}, {request.delivered} tokens, charged ${expected}"
@@ -891,19 +975,29 @@ class Simulation:
             member_id=member_id,
         )
         account.keys.append(key)
+        self.budgets.add_key(key.id, member_id, key.name)
         return key
+
+    def join(self, account: SimAccount, member_id: int) -> str:
+        """``member_id`` joins the account's members; return the name the schedule gives them."""
+        name = f"m{account.index}.{account.joined}"
+        account.joined += 1
+        account.members.append(member_id)
+        self.budgets.add_member(member_id, name)
+        return name
 
     def change_member(self) -> str:
         """An organisation gains a member, or loses one: their keys are revoked at once.
 
         Requests already running with a removed member's keys go on and are charged, as
-        with any revoked key; the invariants check the keys refuse from now on.
+        with any revoked key, and count against the member's budget as they settle; the
+        invariants check the keys refuse from now on.
         """
         account = self.random.choice(self.accounts)
         if len(account.members) == 1 or self.random.random() < 0.5:
             email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
-            account.members.append(driver.add_member(account.id, email))
-            return f"a{account.index} gains a member ({len(account.members)} now)"
+            name = self.join(account, driver.add_member(account.id, email))
+            return f"a{account.index} gains member {name} ({len(account.members)} now)"
         member_id = self.random.choice(account.members[1:])
         revoked = driver.remove_member(account.id, member_id)
         theirs = [k for k in account.keys if k.member_id == member_id and k.state == ACTIVE]
@@ -911,9 +1005,13 @@ class Simulation:
             self.fail([f"removing a member revoked {revoked} keys, not {len(theirs)}"])
         for key in theirs:
             key.state = REVOKED
-        position = account.members.index(member_id)
         account.members.remove(member_id)
-        return f"a{account.index} removes member {position}: {revoked} keys revoked"
+        member = self.budgets.members[member_id]
+        running = sum(1 for r in self.live if r.key.member_id == member_id)
+        return (
+            f"a{account.index} removes member {member.name} (budget ${member.budget} a "
+            f"{member.window}, {running} requests running): {revoked} keys revoked"
+        )
 
     def change_limit(self) -> str:
         """The owner sets, changes or lifts a key's budget, in one of the windows."""
@@ -926,8 +1024,9 @@ class Simulation:
             return f"keep the limit of key {key.name}: a request made with it is running"
         window = self.random.choice(WINDOWS)
         driver.set_budget(key.id, limit, window)
+        self.budgets.set_key_budget(key.id, limit, window, self.clock.now())
         key.budget = limit
-        self.limit_changed = key
+        self.budget_changed = self.budgets.keys[key.id]
         return f"limit key {key.name} to ${limit} a {window}"
 
     def in_flight(self, key: SimKey) -> bool:
@@ -942,7 +1041,7 @@ class Simulation:
         problems = list(self.balance_problems(driver.account_states(ids)))
         holds = driver.open_holds(ids)
         problems += self.hold_problems(holds)
-        problems += self.key_problems(holds)
+        problems += self.budget_problems(holds)
         driver.end_reads()
         if audit and not problems:
             problems += self.audit_problems(ids)
@@ -1011,37 +1110,54 @@ class Simulation:
             if driver.hold_of(request.generation)[0] not in still_open:
                 yield f"{request.name} is running but its hold is no longer open"
 
-    def key_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
-        """A key's row is its open holds and its window's charges; it never passes its budget.
+    def budget_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
+        """Every key's and member's row: as the model has it, and never past its budget.
 
-        Deleted keys too: their rows stay, and their running requests still settle on them.
+        Its reservation is its open holds (a member's, those of all their keys); a row
+        never goes further past its budget than a change of the budget took it. Deleted
+        keys and removed members too: their rows stay, and their requests still settle.
         """
-        keys = [k for account in self.accounts for k in account.keys]
-        states = driver.key_states([k.id for k in keys], self.clock.now())
-        held: dict[str, Decimal] = {k.name: Decimal(0) for k in keys}
+        rows = driver.budget_rows(list(self.budgets.keys), list(self.budgets.members))
+        held = self.held_on_budgets(holds)
+        for found, modelled in zip(rows, (self.budgets.keys, self.budgets.members), strict=True):
+            for row_id, counters in modelled.items():
+                yield from self.row_problems(found[row_id], counters, held[counters.name])
+
+    def held_on_budgets(self, holds: list[driver.OpenHold]) -> dict[str, Decimal]:
+        """What the open holds reserve on each key and each member, by their names."""
+        held = {
+            c.name: Decimal(0)
+            for c in [*self.budgets.keys.values(), *self.budgets.members.values()]
+        }
         for hold in holds:
             owner = self.hold_owners.get(hold.id)
-            if owner is not None and owner.key.name in held:
-                held[owner.key.name] += hold.amount
-        for key in keys:
-            state = states[key.id]
-            if state.reserved != state.open_holds_sum:
-                yield f"key {key.name}: reserved ${state.reserved}, holds ${state.open_holds_sum}"
-            if state.window_spent != state.charged_in_window:
-                yield (
-                    f"key {key.name}: spent ${state.window_spent} this {state.window} by its "
-                    f"row, its requests held in it were charged ${state.charged_in_window}"
-                )
-            if state.budget is None:
-                continue
-            total = state.window_spent + held[key.name]
-            excess = max(total - state.budget, Decimal(0))
-            if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
-                yield (
-                    f"key {key.name}: spent ${state.window_spent} this {state.window} and holds "
-                    f"${held[key.name]}, past its budget of ${state.budget}"
-                )
-            self.key_excess[key.name] = excess
+            if owner is not None:
+                for counters in self.budgets.limits(owner.key.id):
+                    held[counters.name] += hold.amount
+        return held
+
+    def row_problems(
+        self, row: driver.BudgetRow, counters: Counters, held: Decimal
+    ) -> Iterator[str]:
+        """What is wrong with one key's or member's row."""
+        name = counters.name
+        modelled = driver.BudgetRow(
+            counters.budget, counters.window, counters.start, counters.spent, counters.reserved
+        )
+        if row != modelled:
+            yield f"{name}: its row has {row}, the model {modelled}"
+        if row.reserved != held:
+            yield f"{name}: reserved ${row.reserved}, its open holds ${held}"
+        if row.budget is None:
+            return
+        spent = driver.spent_in_window(row, self.clock.now())
+        excess = max(spent + held - row.budget, Decimal(0))
+        if excess > self.excess.get(name, Decimal(0)) and counters is not self.budget_changed:
+            yield (
+                f"{name}: spent ${spent} this {row.window} and holds ${held}, "
+                f"past its budget of ${row.budget}"
+            )
+        self.excess[name] = excess
 
     def drain(self) -> None:
         """Finish every live request, let every dead one's hold expire; nothing may stay open."""
