@@ -12,6 +12,7 @@ and what a settlement may charge beyond its hold, and checks every row's counter
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -52,6 +53,14 @@ def window_start(window: str, stored: int | None, now: datetime) -> int:
     return micros(midnight.replace(day=1))
 
 
+def calendar_ends(now: datetime) -> Iterator[tuple[str, datetime]]:
+    """The ends of the day, the week (Monday) and the month that ``now`` falls in."""
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    yield DAY, midnight + timedelta(days=1)
+    yield WEEK, midnight + timedelta(days=7 - midnight.weekday())
+    yield MONTH, (midnight.replace(day=1) + timedelta(days=32)).replace(day=1)
+
+
 @dataclass
 class Counters:
     """One key's or member's budget and counters, as its row must hold them."""
@@ -83,6 +92,14 @@ class Counters:
         self.spent, self.start = self.spent_now(now), window_start(self.window, self.start, now)
         self.reserved += amount
         return self.start
+
+    def window_end(self, now: datetime) -> datetime | None:
+        """When the window ``now`` falls in ends (None: a rolling one not begun yet)."""
+        if self.window not in ROLLING:
+            return dict(calendar_ends(now))[self.window]
+        if self.start is None or now - moment(self.start) >= ROLLING[self.window]:
+            return None
+        return moment(self.start) + ROLLING[self.window]
 
     def spend(self, noted: int | None, charge: Decimal, released: Decimal) -> None:
         """Settle a hold noted in window ``noted``: its charge counts only if that is this one."""
@@ -256,3 +273,23 @@ class BudgetModel:
         for held in in_window:
             setattr(held, noted, counters.start)
         counters.spent = sum((h.charge for h in in_window if not h.open), ZERO)
+
+    def window_ends(self, now: datetime) -> list[tuple[Counters | None, datetime]]:
+        """The coming ends of windows: the day's (None), and every budget's current one."""
+        ends: list[tuple[Counters | None, datetime]] = [(None, next(calendar_ends(now))[1])]
+        for counters in self.budgeted():
+            if (end := counters.window_end(now)) is not None:
+                ends.append((counters, end))
+        return ends
+
+    def spent_ends(self, now: datetime, little: Decimal) -> list[tuple[Counters, datetime]]:
+        """The coming ends of the windows of budgets that leave less than ``little``."""
+        return [
+            (counters, end)
+            for counters in self.budgeted()
+            if (end := counters.window_end(now)) is not None and counters.room(now) < little
+        ]
+
+    def budgeted(self) -> list[Counters]:
+        """The members and keys that have a budget."""
+        return [c for c in [*self.members.values(), *self.keys.values()] if c.budget is not None]

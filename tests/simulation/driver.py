@@ -331,6 +331,11 @@ def set_budget(key_id: int, amount: Decimal | None, window: str) -> None:
     budget_admin.set_key_budget(key_id, amount=amount, window=window)
 
 
+def set_member_budget(member_id: int, amount: Decimal | None, window: str) -> None:
+    """Set (or with None, lift) the member's budget of ``amount`` a ``window``."""
+    budget_admin.set_member_budget(member_id, amount=amount, window=window)
+
+
 def api_of(number: int) -> str:
     """The front door simulated request ``number`` comes in by."""
     return MESSAGES if number % 3 == 0 else CHAT
@@ -916,6 +921,11 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a key's hold is placed whatever its budget."""
     monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
+
+
+def plant_hold_past_the_member_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a hold is placed whatever the budget of the key's member."""
+    monkeypatch.setattr(statements, "MEMBER_WITHIN_BUDGET", true())
 
 
 def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:

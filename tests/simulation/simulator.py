@@ -46,6 +46,8 @@ AUDIT_EVERY = 100
 # Retries of an Idempotency-Key come this soon after its last claim, inside the 24 hours
 # a claim is kept (app.generations.idempotency.REPLAY_WINDOW).
 KEY_RETRIES_WITHIN = timedelta(hours=23)
+# A budget that leaves less than this is spent: less than the smallest requests' holds.
+LITTLE = Decimal("0.0002")
 
 
 # How a 402 names each limit the model foretells, and how a hold past it is told.
@@ -86,6 +88,8 @@ class Faults:
     slow_callers: bool = True
     # A monthly limit is put on a key while requests it admitted without one still run.
     limit_keys_in_flight: bool = True
+    # A member's budget is set or changed while requests of their keys still run.
+    budget_members_in_flight: bool = True
 
 
 @dataclass
@@ -203,6 +207,8 @@ class Simulation:
         self.budget_changed: Counters | None = None
         # The simulator's own account of every key's and member's budget and counters.
         self.budgets = BudgetModel()
+        # A budget's counters whose window the callers wait to end, and when it ends.
+        self.waiting: tuple[Counters, datetime] | None = None
         # Each Idempotency-Key's requests, in the order they ran under it.
         self.keyed: dict[str, list[SimRequest]] = {}
         # Whole answers charged whose worker has not stored them under their key yet.
@@ -252,15 +258,20 @@ class Simulation:
             (self.change_key, 4),
             (self.change_limit, 3),
             (self.change_member, 2),
+            (self.change_member_budget, 3),
         ]
         if self.live:
             actions += [(self.advance, 45), (self.kill_worker, 1)]
+        else:
+            actions.append((self.await_window, 3))
         if any(r.chunks is not None for r in self.live):
             actions += [(self.hang_up, 4), (self.record_progress, 6)]
         if self.retriable_keys():
             actions.append((self.retry, 3))
         if self.unstored:
             actions.append((self.store_answer, 4))
+        if self.unswept_deaths():
+            actions.append((self.await_expiry, 4))
         choices, weights = zip(*actions, strict=True)
         return self.random.choices(choices, weights)[0]
 
@@ -305,11 +316,16 @@ class Simulation:
 
         A third of the whole requests carry an Idempotency-Key, claimed before they run.
         """
-        account = self.random.choice(self.accounts)
-        key, value, expected = self.pick_key(account)
         model = self.random.choice(self.models)
-        stream = self.random.random() < 0.6
         max_tokens = self.random.choice([16, 64, 256, 1024])
+        if returning := self.returning_caller():
+            # A caller whose budget ran out tries a small request first.
+            (account, key), model, max_tokens = returning, self.models[0], 256
+            value, expected = key.value, None
+        else:
+            account = self.random.choice(self.accounts)
+            key, value, expected = self.pick_key(account)
+        stream = self.random.random() < 0.6
         request = self.new_request(account, key, model, stream=stream, max_tokens=max_tokens)
         if self.random.random() < 0.35:
             return self.start_response(request, value, expected)
@@ -503,6 +519,22 @@ class Simulation:
         )
         if outcome != told:
             self.fail([f"{request.name} refused {outcome}, expected {told}"])
+
+    def returning_caller(self) -> tuple[SimAccount, SimKey] | None:
+        """The account and active key of a caller who waited for their budget's window to end.
+
+        Once it has: the first request after it finds what was spent before it gone.
+        """
+        if self.waiting is None or self.clock.now() < self.waiting[1]:
+            return None
+        counters, self.waiting = self.waiting[0], None
+        theirs = [
+            (account, key)
+            for account in self.accounts
+            for key in account.keys
+            if key.state == ACTIVE and counters in self.budgets.limits(key.id)
+        ]
+        return self.random.choice(theirs) if theirs else None
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey, str, int | None]:
         """A key value to call with, and the refusal it must get (None: it is valid)."""
@@ -875,20 +907,83 @@ class Simulation:
         seconds = round(self.ttl * self.random.uniform(0.5, 2.5), 3)
         return self.let_time_pass(seconds)
 
+    def await_window(self) -> str:
+        """Nothing runs: time goes on to about the end of a window, as over a quiet night.
+
+        To a little before or after the end of the day, or of the window a key's or a
+        member's budget is in, most often one spent, so that the requests to come run
+        across it; a caller of the spent budget then comes back (``returning_caller``).
+        """
+        now = self.clock.now()
+        ends, spent = self.budgets.window_ends(now), self.budgets.spent_ends(now, LITTLE)
+        counters, end = self.random.choice(spent if spent and self.random.random() < 0.7 else ends)
+        seconds = max((end - now).total_seconds() + self.random.uniform(-60, 60), 0)
+        passed = self.let_time_pass(round(seconds, 3))
+        # The sweepers give the tables partitioned by month their months ahead.
+        driver.add_months()
+        if counters is None:
+            return f"await the end of the day: {passed}"
+        self.waiting = (counters, end)
+        return f"await the end of {counters.name}'s {counters.window}: {passed}"
+
+    def await_expiry(self) -> str:
+        """Time goes on to just past a dead request's hold's expiry, before the next sweep.
+
+        Until the sweepers come round, the next hold on its account that does not fit
+        releases it first, as every hold past its expiry without progress.
+        """
+        now = self.clock.now()
+        expiries = {h.id: h.expires_at for h in driver.open_holds([a.id for a in self.accounts])}
+        driver.end_reads()
+        coming = [
+            (request, expires_at)
+            for request in self.unswept_deaths()
+            if (expires_at := expiries.get(driver.hold_of(request.generation)[0], now)) > now
+        ]
+        if not coming:
+            return "no dead request's hold is left to expire"
+        request, expires_at = self.random.choice(coming)
+        seconds = (expires_at - now).total_seconds() + self.random.uniform(0.001, 5)
+        passed = self.let_time_pass(round(seconds, 3))
+        return f"await the expiry of {request.name}'s hold: {passed}"
+
+    def unswept_deaths(self) -> list[SimRequest]:
+        """The dead requests without progress recorded whose holds may still be open."""
+        return [
+            r
+            for r in self.requests
+            if r.state == DEAD and r.recorded is None and not r.death_checked
+        ]
+
     def let_time_pass(self, seconds: float) -> str:
         """Advance the clock through what happens meanwhile, in time order.
 
         Each worker's sweeper runs whenever its period comes; a live request whose
         upstream stays silent past its read timeout fails then, as through ``requests``.
+        The sweeps that would find nothing to do (nothing runs, no hold is open) are
+        passed over, so that days may pass.
         """
         target = self.clock.elapsed + seconds
         events = []
         while (event := self.next_event()) is not None and event[0] <= target:
+            if self.idle():
+                self.pass_over_sweeps(target)
+                continue
             self.clock.elapsed, request = event
             events.append(self.time_out(request) if request else self.run_due_sweep())
         self.clock.elapsed = target
         happened = "; ".join(e for e in events if e)
         return f"{seconds}s pass" + (f": {happened}" if happened else "")
+
+    def idle(self) -> bool:
+        """Whether nothing runs and no dead request's hold is left to end."""
+        dead = (r for r in self.requests if r.state == DEAD)
+        return not self.live and all(r.death_checked for r in dead)
+
+    def pass_over_sweeps(self, target: float) -> None:
+        """Let the sweeps due until ``target`` go by: while idle, they change nothing."""
+        periods = math.floor((target - self.next_sweep_at) / self.sweep_every) + 1
+        self.next_sweep_at += max(periods, 0) * self.sweep_every
 
     def deadline(self, request: SimRequest | None = None) -> float:
         """When a request now waiting on its upstream times out (a slow caller's never)."""
@@ -966,9 +1061,9 @@ class Simulation:
             return f"keep key {key.name}: a request made with it is running"
         return f"{change} key {key.name}"
 
-    def issue_key(self, account: SimAccount) -> SimKey:
-        """Issue one of the account's members a new key."""
-        member_id = self.random.choice(account.members)
+    def issue_key(self, account: SimAccount, member_id: int | None = None) -> SimKey:
+        """Issue a new key to ``member_id``, or to one of the account's members."""
+        member_id = member_id or self.random.choice(account.members)
         key = SimKey(
             f"k{account.index}.{len(account.keys)}",
             *driver.issue_key(account.id, member_id),
@@ -996,9 +1091,11 @@ class Simulation:
         account = self.random.choice(self.accounts)
         if len(account.members) == 1 or self.random.random() < 0.5:
             email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
-            name = self.join(account, driver.add_member(account.id, email))
-            return f"a{account.index} gains member {name} ({len(account.members)} now)"
-        member_id = self.random.choice(account.members[1:])
+            member_id = driver.add_member(account.id, email)
+            name = self.join(account, member_id)
+            key = self.issue_key(account, member_id)
+            return f"a{account.index} gains member {name} with key {key.name}"
+        member_id = self.leaving_member(account)
         revoked = driver.remove_member(account.id, member_id)
         theirs = [k for k in account.keys if k.member_id == member_id and k.state == ACTIVE]
         if revoked != len(theirs):
@@ -1012,6 +1109,20 @@ class Simulation:
             f"a{account.index} removes member {member.name} (budget ${member.budget} a "
             f"{member.window}, {running} requests running): {revoked} keys revoked"
         )
+
+    def leaving_member(self, account: SimAccount) -> int:
+        """One of the account's members but its owner: often one whose requests are running.
+
+        Among those, one with a budget if there is one.
+        """
+        members = account.members[1:]
+        running = [m for m in members if any(r.key.member_id == m for r in self.live)]
+        budgeted = [m for m in running if self.budgets.members[m].budget is not None]
+        roll = self.random.random()
+        for group, chance in ((budgeted, 0.6), (running, 0.8)):
+            if group and roll < chance:
+                return self.random.choice(group)
+        return self.random.choice(members)
 
     def change_limit(self) -> str:
         """The owner sets, changes or lifts a key's budget, in one of the windows."""
@@ -1028,6 +1139,25 @@ class Simulation:
         key.budget = limit
         self.budget_changed = self.budgets.keys[key.id]
         return f"limit key {key.name} to ${limit} a {window}"
+
+    def change_member_budget(self) -> str:
+        """An admin sets, changes or lifts a member's budget, in one of the windows.
+
+        Every key of the member counts against it, those with a budget of their own too.
+        """
+        account = self.random.choice(self.accounts)
+        member = self.budgets.members[member_id := self.random.choice(account.members)]
+        amount = None
+        if self.random.random() < 0.8:
+            amount = self.money(Decimal("0.001"), Decimal("0.03"))
+        window = self.random.choice(WINDOWS)
+        running = any(r.key.member_id == member_id for r in self.live)
+        if running and not self.faults.budget_members_in_flight:
+            return f"keep the budget of member {member.name}: a request of theirs is running"
+        driver.set_member_budget(member_id, amount, window)
+        self.budgets.set_member_budget(member_id, amount, window, self.clock.now())
+        self.budget_changed = member
+        return f"budget member {member.name} ${amount} a {window}"
 
     def in_flight(self, key: SimKey) -> bool:
         """Whether a live request was made with ``key``."""
