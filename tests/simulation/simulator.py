@@ -48,6 +48,9 @@ AUDIT_EVERY = 100
 KEY_RETRIES_WITHIN = timedelta(hours=23)
 # A budget that leaves less than this is spent: less than the smallest requests' holds.
 LITTLE = Decimal("0.0002")
+# Time waits for windows' ends only this far into a run: on PostgreSQL, every month it
+# reaches gives the partitioned tables a partition more.
+WAITS_WITHIN = timedelta(days=92).total_seconds()
 
 
 # How a 402 names each limit the model foretells, and how a hold past it is told.
@@ -257,12 +260,16 @@ class Simulation:
             (self.grant, 4),
             (self.change_key, 4),
             (self.change_limit, 3),
-            (self.change_member, 2),
+            (self.add_member, 2),
             (self.change_member_budget, 3),
         ]
+        budgeted, _, members = self.members_who_may_leave()
+        if members:
+            # Often while a member with a budget has requests running.
+            actions.append((self.remove_member, 4 if budgeted else 1))
         if self.live:
             actions += [(self.advance, 45), (self.kill_worker, 1)]
-        else:
+        elif self.clock.elapsed < WAITS_WITHIN:
             actions.append((self.await_window, 3))
         if any(r.chunks is not None for r in self.live):
             actions += [(self.hang_up, 4), (self.record_progress, 6)]
@@ -537,10 +544,15 @@ class Simulation:
         return self.random.choice(theirs) if theirs else None
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey, str, int | None]:
-        """A key value to call with, and the refusal it must get (None: it is valid)."""
+        """A key value to call with, and the refusal it must get (None: it is valid).
+
+        Mostly an active key of one of the members who have one, each member as often.
+        """
         active = [k for k in account.keys if k.state == ACTIVE]
         if active and self.random.random() < 0.9:
-            return (key := self.random.choice(active)), key.value, None
+            member_id = self.random.choice(sorted({k.member_id for k in active}))
+            key = self.random.choice([k for k in active if k.member_id == member_id])
+            return key, key.value, None
         candidates: list[tuple[SimKey, str, int | None]] = []
         for key in account.keys:
             expected = {ACTIVE: None, REVOKED: driver.REVOKED, DELETED: driver.UNAUTHORIZED}
@@ -1081,21 +1093,23 @@ class Simulation:
         self.budgets.add_member(member_id, name)
         return name
 
-    def change_member(self) -> str:
-        """An organisation gains a member, or loses one: their keys are revoked at once.
-
-        Requests already running with a removed member's keys go on and are charged, as
-        with any revoked key, and count against the member's budget as they settle; the
-        invariants check the keys refuse from now on.
-        """
+    def add_member(self) -> str:
+        """An organisation gains a member, who is issued a key at once."""
         account = self.random.choice(self.accounts)
-        if len(account.members) == 1 or self.random.random() < 0.5:
-            email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
-            member_id = driver.add_member(account.id, email)
-            name = self.join(account, member_id)
-            key = self.issue_key(account, member_id)
-            return f"a{account.index} gains member {name} with key {key.name}"
-        member_id = self.leaving_member(account)
+        email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
+        member_id = driver.add_member(account.id, email)
+        name = self.join(account, member_id)
+        key = self.issue_key(account, member_id)
+        return f"a{account.index} gains member {name} with key {key.name}"
+
+    def remove_member(self) -> str:
+        """An organisation loses a member: their keys are revoked at once.
+
+        Most often one whose requests are running, and among those one with a budget:
+        the requests go on and are charged, as with any revoked key, and count against
+        the member's budget as they settle; the invariants check the keys refuse from now.
+        """
+        account, member_id = self.leaving_member()
         revoked = driver.remove_member(account.id, member_id)
         theirs = [k for k in account.keys if k.member_id == member_id and k.state == ACTIVE]
         if revoked != len(theirs):
@@ -1110,19 +1124,23 @@ class Simulation:
             f"{member.window}, {running} requests running): {revoked} keys revoked"
         )
 
-    def leaving_member(self, account: SimAccount) -> int:
-        """One of the account's members but its owner: often one whose requests are running.
+    def members_who_may_leave(self) -> list[list[tuple[SimAccount, int]]]:
+        """The members but owners who may leave, in three groups, the narrowest first.
 
-        Among those, one with a budget if there is one.
+        Those with a budget and requests running, those with requests running, all.
         """
-        members = account.members[1:]
-        running = [m for m in members if any(r.key.member_id == m for r in self.live)]
-        budgeted = [m for m in running if self.budgets.members[m].budget is not None]
+        members = [(a, m) for a in self.accounts for m in a.members[1:]]
+        running = [(a, m) for a, m in members if any(r.key.member_id == m for r in self.live)]
+        budgeted = [(a, m) for a, m in running if self.budgets.members[m].budget is not None]
+        return [budgeted, running, members]
+
+    def leaving_member(self) -> tuple[SimAccount, int]:
+        """A member who leaves: most often one with a budget and requests running."""
         roll = self.random.random()
-        for group, chance in ((budgeted, 0.6), (running, 0.8)):
+        for group, chance in zip(self.members_who_may_leave(), (0.8, 0.9, 1), strict=True):
             if group and roll < chance:
                 return self.random.choice(group)
-        return self.random.choice(members)
+        raise AssertionError("no member but owners may leave")
 
     def change_limit(self) -> str:
         """The owner sets, changes or lifts a key's budget, in one of the windows."""
@@ -1144,9 +1162,14 @@ class Simulation:
         """An admin sets, changes or lifts a member's budget, in one of the windows.
 
         Every key of the member counts against it, those with a budget of their own too.
+        Half the time the member is one whose requests are running, if there is one.
         """
-        account = self.random.choice(self.accounts)
-        member = self.budgets.members[member_id := self.random.choice(account.members)]
+        running = sorted({r.key.member_id for r in self.live if r.key.member_id is not None})
+        if running and self.random.random() < 0.5:
+            member_id = self.random.choice(running)
+        else:
+            member_id = self.random.choice(self.random.choice(self.accounts).members)
+        member = self.budgets.members[member_id]
         amount = None
         if self.random.random() < 0.8:
             amount = self.money(Decimal("0.001"), Decimal("0.03"))
