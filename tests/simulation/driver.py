@@ -12,6 +12,8 @@ encoded by it, so that the door's streams settle as the chat ones must.
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,7 +30,7 @@ from app.accounts import budgets as budget_admin
 from app.accounts import keys as key_admin
 from app.accounts import members
 from app.accounts.invites import accept_invite
-from app.accounts.models import MEMBER
+from app.accounts.models import MEMBER, Membership
 from app.accounts.organisations import create_account, owner_membership
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
@@ -52,7 +54,9 @@ from app.messages.schemas import parse_messages_request
 from app.messages.translation import StreamTranslation as MessagesStream
 from app.messages.translation import chat_request as translated_request
 from app.messages.translation import message_of
+from app.providers import cooldown
 from app.providers.base import ChatRequest, Route, RouteTarget, Usage
+from app.providers.cooldown import LocalCooldowns, cooldown_policy, upstream_cooldowns
 from app.responses import conversation as response_conversation
 from app.responses import store as response_store
 from app.responses.bodies import EventWriter
@@ -108,7 +112,12 @@ class SimulatedClock:
 
 
 def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> None:
-    """Make the money path, keys, claims, stored responses, audit and pruning read ``clock``."""
+    """Make the money path, keys, claims, stored responses, audit and pruning read ``clock``.
+
+    The upstream's cooldowns too, on a board of the run's own: a cooldown begun by three
+    failures in a row ends after its seconds of the simulated clock, and what a run
+    before left on the process's board does not carry over.
+    """
     for module in (
         ledger,
         generations,
@@ -122,6 +131,25 @@ def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> Non
     monkeypatch.setattr(
         generations, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
+    monkeypatch.setattr(cooldown, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(upstream_cooldowns, "store", LocalCooldowns())
+
+
+def disturb_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave the process as a run before it and a machine of another speed may leave it.
+
+    The process's board of upstream cooldowns has the simulated upstream cooling down,
+    as a run's failures leave it, and the process's own clocks (``time.monotonic``,
+    ``time.time``) stand still, so that no cooldown begun by them ever ends. A simulated
+    world that read either would take another course than it did.
+    """
+    monotonic, wall = time.monotonic(), time.time()
+    monkeypatch.setattr(time, "monotonic", lambda: monotonic)
+    monkeypatch.setattr(time, "time", lambda: wall)
+    upstream = SimulatedAdapter().upstream
+    monkeypatch.setattr(upstream_cooldowns, "store", LocalCooldowns())
+    for _ in range(cooldown_policy(upstream).failures):
+        upstream_cooldowns.note_failure(upstream)
 
 
 class Workers:
@@ -160,7 +188,7 @@ class Workers:
         clock: SimulatedClock,
         ttl: int,
         generation_id: str | None = None,
-    ) -> Generation | int:
+    ) -> Generation | Shortage | int:
         """``start`` the request in ``worker``, which renews its hold from then on."""
         self.serving = worker
         try:
@@ -176,7 +204,7 @@ class Workers:
         body: dict[str, Any],
         clock: SimulatedClock,
         ttl: int,
-    ) -> tuple[Generation, Turn] | int:
+    ) -> tuple[Generation, Turn] | Shortage | int:
         """``start_response`` in ``worker``, which renews its hold from then on."""
         self.serving = worker
         try:
@@ -303,6 +331,11 @@ def set_budget(key_id: int, amount: Decimal | None, window: str) -> None:
     budget_admin.set_key_budget(key_id, amount=amount, window=window)
 
 
+def set_member_budget(member_id: int, amount: Decimal | None, window: str) -> None:
+    """Set (or with None, lift) the member's budget of ``amount`` a ``window``."""
+    budget_admin.set_member_budget(member_id, amount=amount, window=window)
+
+
 def api_of(number: int) -> str:
     """The front door simulated request ``number`` comes in by."""
     return MESSAGES if number % 3 == 0 else CHAT
@@ -340,8 +373,8 @@ def start(
     clock: SimulatedClock,
     ttl: int,
     generation_id: str | None = None,
-) -> Generation | int:
-    """Authenticate as the view does and hold the worst case; or return the refusal's status."""
+) -> Generation | Shortage | int:
+    """Authenticate as the view does and hold the worst case; or return why not (a 402's reason)."""
     caller = keys.find_caller(key_value)
     if caller is None or caller.state != ACTIVE:
         db.session.rollback()
@@ -355,12 +388,60 @@ def start(
             generation_id=generation_id,
             api=api_of(request.extra[SCRIPT_FIELD]),
         )
-    except InsufficientCredits:
+    except InsufficientCredits as refusal:
         db.session.rollback()
-        return INSUFFICIENT
+        return shortage(refusal)
     # The lifecycle's own timestamps must come from the simulated clock too.
     generation.started = clock.monotonic()
     return generation
+
+
+@dataclass(frozen=True)
+class Shortage:
+    """A 402, as its message tells it: the limit it names, what was asked, what is left.
+
+    A budget's refusal also names the budget's amount and window.
+    """
+
+    limit: str
+    requested: Decimal
+    left: Decimal
+    budget: Decimal | None = None
+    window: str | None = None
+
+    # Not a field: every shortage is a 402.
+    status = INSUFFICIENT
+
+
+# How a 402's message names the limit that refused the hold (app.generations.refusals).
+BALANCE, KEY_BUDGET, MEMBER_BUDGET = "balance", "key", "member"
+_HOLDERS = {"this API key's": KEY_BUDGET, "the member's": MEMBER_BUDGET}
+_WINDOWS = {
+    "daily": budgets.DAY,
+    "weekly": budgets.WEEK,
+    "monthly": budgets.MONTH,
+    "5-hour": budgets.FIVE_HOURS,
+}
+# An amount in USD as a message shows it (its digits, without the sentence's full stop).
+_USD = r"\$(\d+(?:\.\d+)?)"
+_BUDGET_REFUSAL = re.compile(
+    rf"under (this API key's|the member's) (\S+) (?:limit|budget) of {_USD}: this request"
+    rf" may cost up to {_USD} but (?:the key|the member) has {_USD} left"
+)
+_BALANCE_REFUSAL = re.compile(rf"may cost up to {_USD} but the available balance is {_USD}")
+
+
+def shortage(refusal: InsufficientCredits) -> Shortage:
+    """Read the limit a 402 names, and its figures, from its message."""
+    if named := _BUDGET_REFUSAL.search(refusal.message):
+        holder, window, budget, requested, left = named.groups()
+        return Shortage(
+            _HOLDERS[holder], Decimal(requested), Decimal(left), Decimal(budget), _WINDOWS[window]
+        )
+    named = _BALANCE_REFUSAL.search(refusal.message)
+    if named is None:
+        raise AssertionError(f"a 402 names no limit: {refusal.message}")
+    return Shortage(BALANCE, Decimal(named[1]), Decimal(named[2]))
 
 
 def response_body(
@@ -388,8 +469,8 @@ def response_body(
 
 def start_response(
     key_value: str, model: Model, body: dict[str, Any], clock: SimulatedClock, ttl: int
-) -> tuple[Generation, Turn] | int:
-    """Start a Responses API request as its door does; or return the refusal's status.
+) -> tuple[Generation, Turn] | Shortage | int:
+    """Start a Responses API request as its door does; or return why not (a 402's reason).
 
     The door's own steps: the body parsed, the chain it continues read, the items
     translated into the chat request the generation runs.
@@ -418,9 +499,9 @@ def start_response(
     except ResponseNotFound:
         db.session.rollback()
         return NOT_FOUND
-    except InsufficientCredits:
+    except InsufficientCredits as refusal:
         db.session.rollback()
-        return INSUFFICIENT
+        return shortage(refusal)
     generation.started = clock.monotonic()
     return generation, turn
 
@@ -663,67 +744,52 @@ def account_states(account_ids: list[int]) -> dict[int, AccountState]:
     return {account_id: AccountState(*sums) for account_id, *sums in rows}
 
 
-@dataclass(frozen=True)
-class KeyState:
-    """A key's row (budget, its window's spend, reservation) beside the sums they must equal.
+_KEY_IDS = bindparam("key_ids", expanding=True)
 
-    ``charged_in_window`` is what the key's requests held in its current window (worked
-    out here from the window's rules, not by the ledger's statements) were charged.
-    """
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """A key's or a member's budget and counters, as its row holds them."""
 
     budget: Decimal | None
     window: str
-    window_spent: Decimal
+    start: int | None
+    spent: Decimal
     reserved: Decimal
-    open_holds_sum: Decimal
-    charged_in_window: Decimal
-
-    @property
-    def allowance(self) -> Decimal | None:
-        """What the key may still hold or be charged in its window (None: no budget)."""
-        if self.budget is None:
-            return None
-        return max(self.budget - self.window_spent - self.reserved, Decimal(0))
 
 
-_KEY_IDS = bindparam("key_ids", expanding=True)
-_open_on_key = (
-    select(func.coalesce(func.sum(Hold.amount), 0))
-    .where(Hold.api_key_id == ApiKey.id, Hold.status == ledger.OPEN)
-    .scalar_subquery()
-)
-_KEY_ROWS = select(
-    ApiKey.id,
-    ApiKey.budget,
-    ApiKey.budget_window,
-    ApiKey.window_start,
-    ApiKey.window_spent,
-    ApiKey.window_reserved,
-    type_coerce(_open_on_key, Money()),
-).where(ApiKey.id.in_(_KEY_IDS))
-_KEY_CHARGES = (
-    select(Hold.api_key_id, Hold.created_at, LedgerEntry.amount)
-    .join(LedgerEntry, LedgerEntry.generation_id == Hold.id)
-    .where(Hold.api_key_id.in_(_KEY_IDS), Hold.status != ledger.OPEN, LedgerEntry.kind == "charge")
-)
+def _budget_columns(row: Any) -> tuple[Any, ...]:
+    return (
+        row.id,
+        row.budget,
+        row.budget_window,
+        row.window_start,
+        row.window_spent,
+        row.window_reserved,
+    )
 
 
-def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
-    """Each key's row, its open holds and what its requests held in its window were charged."""
-    charges: dict[int, list[tuple[datetime, Decimal]]] = {key_id: [] for key_id in key_ids}
-    for key_id, placed_at, amount in db.session.execute(_KEY_CHARGES, {"key_ids": key_ids}):
-        charges[key_id].append((placed_at, -amount))
-    states = {}
-    rows = db.session.execute(_KEY_ROWS, {"key_ids": key_ids}).all()
-    for key_id, budget, window, stored, spent, reserved, held in rows:
-        start = budgets.current_window_start(window, stored, now)
-        since = budgets.from_unix_micros(start)
-        charged = sum((c for placed_at, c in charges[key_id] if placed_at >= since), Decimal(0))
-        if window in budgets.ROLLING_MICROS and start != stored:
-            charged = Decimal(0)  # the next request starts the window: nothing is in it yet
-        spent = spent if stored == start else Decimal(0)
-        states[key_id] = KeyState(budget, window, spent, reserved, held, charged)
-    return states
+_MEMBER_IDS = bindparam("member_ids", expanding=True)
+_KEY_BUDGETS = select(*_budget_columns(ApiKey)).where(ApiKey.id.in_(_KEY_IDS))
+_MEMBER_BUDGETS = select(*_budget_columns(Membership)).where(Membership.id.in_(_MEMBER_IDS))
+
+
+def budget_rows(
+    key_ids: list[int], member_ids: list[int]
+) -> tuple[dict[int, BudgetRow], dict[int, BudgetRow]]:
+    """The budget columns of the keys' rows, and of the members' (removed ones too)."""
+    keys = db.session.execute(_KEY_BUDGETS, {"key_ids": key_ids})
+    members = db.session.execute(_MEMBER_BUDGETS, {"member_ids": member_ids})
+    return (
+        {row_id: BudgetRow(*columns) for row_id, *columns in keys},
+        {row_id: BudgetRow(*columns) for row_id, *columns in members},
+    )
+
+
+def spent_in_window(row: BudgetRow, now: datetime) -> Decimal:
+    """What the row spent in the window ``now`` falls in, by the ledger's window rules."""
+    start = budgets.current_window_start(row.window, row.start, now)
+    return row.spent if row.start == start else Decimal(0)
 
 
 def open_holds(account_ids: list[int]) -> list[OpenHold]:
@@ -855,6 +921,21 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a key's hold is placed whatever its budget."""
     monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
+
+
+def plant_hold_past_the_member_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a hold is placed whatever the budget of the key's member."""
+    monkeypatch.setattr(statements, "MEMBER_WITHIN_BUDGET", true())
+
+
+def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a charge is totalled in its hour without its request."""
+    totals = ledger._rollup_parameters
+
+    def without_the_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**totals(*args, **kwargs), statements.ROLLUP_PREFIX + "requests": 0}
+
+    monkeypatch.setattr(ledger, "_rollup_parameters", without_the_request)
 
 
 def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:

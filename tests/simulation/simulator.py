@@ -4,7 +4,9 @@ Everything the simulator decides (which request moves, what its upstream sends, 
 caller hangs up, a worker dies or time jumps) comes from one ``random.Random(seed)``, so
 a seed replays the same schedule against the real ledger and database. After every step
 the database's truth is checked against the invariants; the first violation stops the
-run with the seed, the step and the schedule up to it.
+run with the seed, the step and the schedule up to it. What the budgets of keys and
+members hold, and so which hold a 402 refuses, is foretold by the simulator's own
+account of them (``budget_model``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from app.budgets import WINDOWS
 from app.providers.base import Usage
 from app.providers.errors import UpstreamError
 from tests.simulation import driver
+from tests.simulation.budget_model import BALANCE, KEY, MEMBER, BudgetModel, Counters, Forecast
 from tests.simulation.upstream import SimulatedAdapter, UpstreamScript
 
 # Far in the future, so that no other process's sweeper (its clock is the real one)
@@ -43,6 +46,29 @@ AUDIT_EVERY = 100
 # Retries of an Idempotency-Key come this soon after its last claim, inside the 24 hours
 # a claim is kept (app.generations.idempotency.REPLAY_WINDOW).
 KEY_RETRIES_WITHIN = timedelta(hours=23)
+# A budget that leaves less than this is spent: less than the smallest requests' holds.
+LITTLE = Decimal("0.0002")
+# Time waits for windows' ends only this far into a run: on PostgreSQL, every month it
+# reaches gives the partitioned tables a partition more.
+WAITS_WITHIN = timedelta(days=92).total_seconds()
+
+
+# How a 402 names each limit the model foretells, and how a hold past it is told.
+LIMITS_NAMED = {BALANCE: driver.BALANCE, KEY: driver.KEY_BUDGET, MEMBER: driver.MEMBER_BUDGET}
+PASSED = {
+    BALANCE: "the available balance",
+    KEY: "its key's budget",
+    MEMBER: "its member's budget",
+}
+
+
+def refusal_named(outcome: driver.Shortage | int) -> str:
+    """How the schedule tells a refusal: its status, and a 402's limit."""
+    if isinstance(outcome, int):
+        return str(outcome)
+    if outcome.limit == driver.BALANCE:
+        return "402 by the balance"
+    return f"402 by the {outcome.limit}'s {outcome.window} budget"
 
 
 class SimulationFailure(AssertionError):
@@ -65,6 +91,8 @@ class Faults:
     slow_callers: bool = True
     # A monthly limit is put on a key while requests it admitted without one still run.
     limit_keys_in_flight: bool = True
+    # A member's budget is set or changed while requests of their keys still run.
+    budget_members_in_flight: bool = True
 
 
 @dataclass
@@ -91,6 +119,8 @@ class SimAccount:
     grant_keys: dict[str, Decimal] = field(default_factory=dict)
     # The organisation's current members by id, its owner first; all pay from its balance.
     members: list[int] = field(default_factory=list)
+    # How many members it ever had: the next one is named after it.
+    joined: int = 0
 
 
 @dataclass
@@ -173,10 +203,15 @@ class Simulation:
         self.workers = list(range(WORKERS))
         self.schedule: list[str] = []
         self.step = 0
-        # How far each limited key is past its limit: only lowering the limit may raise it.
-        self.key_excess: dict[str, Decimal] = {}
+        # How far each key or member is past its budget: only changing the budget may raise it.
+        self.excess: dict[str, Decimal] = {}
         self.audit_every = max(AUDIT_EVERY, steps // 100)
-        self.limit_changed: SimKey | None = None
+        # The key's or member's counters whose budget this step changed.
+        self.budget_changed: Counters | None = None
+        # The simulator's own account of every key's and member's budget and counters.
+        self.budgets = BudgetModel()
+        # A budget's counters whose window the callers wait to end, and when it ends.
+        self.waiting: tuple[Counters, datetime] | None = None
         # Each Idempotency-Key's requests, in the order they ran under it.
         self.keyed: dict[str, list[SimRequest]] = {}
         # Whole answers charged whose worker has not stored them under their key yet.
@@ -185,6 +220,8 @@ class Simulation:
         self.interrupted: set[str] = set()
         # Stored responses: (account index, response id, when it was stored).
         self.stored: list[tuple[int, str, float]] = []
+        # The response each stored one continued (None: it began its conversation).
+        self.continued: dict[str, str | None] = {}
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
@@ -203,7 +240,7 @@ class Simulation:
             email = f"sim-{self.seed}-{index}-{uuid.uuid4().hex[:12]}@example.com"
             credits = self.money(Decimal("0.002"), Decimal("0.03"))
             account = SimAccount(index, driver.open_account(email, credits), email)
-            account.members.append(driver.owner_of(account.id))
+            self.join(account, driver.owner_of(account.id))
             self.accounts.append(account)
             for _ in range(2):
                 self.issue_key(account)
@@ -223,16 +260,25 @@ class Simulation:
             (self.grant, 4),
             (self.change_key, 4),
             (self.change_limit, 3),
-            (self.change_member, 2),
+            (self.add_member, 2),
+            (self.change_member_budget, 3),
         ]
+        budgeted, _, members = self.members_who_may_leave()
+        if members:
+            # Often while a member with a budget has requests running.
+            actions.append((self.remove_member, 4 if budgeted else 1))
         if self.live:
             actions += [(self.advance, 45), (self.kill_worker, 1)]
+        elif self.clock.elapsed < WAITS_WITHIN:
+            actions.append((self.await_window, 3))
         if any(r.chunks is not None for r in self.live):
             actions += [(self.hang_up, 4), (self.record_progress, 6)]
         if self.retriable_keys():
             actions.append((self.retry, 3))
         if self.unstored:
             actions.append((self.store_answer, 4))
+        if self.unswept_deaths():
+            actions.append((self.await_expiry, 4))
         choices, weights = zip(*actions, strict=True)
         return self.random.choices(choices, weights)[0]
 
@@ -247,7 +293,7 @@ class Simulation:
             self.fail([f"{action.__name__} raised {error!r}", traceback.format_exc()])
         self.schedule.append(f"{self.step}: {description}")
         self.check_invariants(audit=audit or self.step % self.audit_every == 0)
-        self.limit_changed = None
+        self.budget_changed = None
 
     def fail(self, problems: list[str]) -> None:
         """Stop the run with the seed, the step, the problems and the schedule."""
@@ -277,11 +323,16 @@ class Simulation:
 
         A third of the whole requests carry an Idempotency-Key, claimed before they run.
         """
-        account = self.random.choice(self.accounts)
-        key, value, expected = self.pick_key(account)
         model = self.random.choice(self.models)
-        stream = self.random.random() < 0.6
         max_tokens = self.random.choice([16, 64, 256, 1024])
+        if returning := self.returning_caller():
+            # A caller whose budget ran out tries a small request first.
+            (account, key), model, max_tokens = returning, self.models[0], 256
+            value, expected = key.value, None
+        else:
+            account = self.random.choice(self.accounts)
+            key, value, expected = self.pick_key(account)
+        stream = self.random.random() < 0.6
         request = self.new_request(account, key, model, stream=stream, max_tokens=max_tokens)
         if self.random.random() < 0.35:
             return self.start_response(request, value, expected)
@@ -318,21 +369,30 @@ class Simulation:
             store=request.store,
             previous=request.previous,
         )
+        forecast = self.forecast(request) if expected is None else None
         outcome = self.processes.start_response(
             request.worker, value, request.model, body, self.clock, self.ttl
         )
         if isinstance(outcome, tuple):
             outcome, request.turn = outcome
-        described = self.started(request, outcome, expected)
+        described = self.started(request, outcome, expected, forecast)
         return f"start {request.name} max_tokens={request.max_tokens}: {described}"
 
     def continuable(self, request: SimRequest) -> bool:
-        """Whether the response the request continues is its account's and still kept."""
-        for account_index, response_id, stored_at in self.stored:
-            if response_id == request.previous:
-                alive = self.clock.elapsed < stored_at + driver.RESPONSES_TTL_SECONDS
-                return account_index == request.account.index and alive
-        return False
+        """Whether the response the request continues is its account's and still kept.
+
+        Every response before it in its conversation must be kept too: each expires in
+        its own time, the earliest first.
+        """
+        kept = {response_id: (index, stored_at) for index, response_id, stored_at in self.stored}
+        response_id = request.previous
+        while response_id is not None:
+            account_index, stored_at = kept[response_id]
+            alive = self.clock.elapsed < stored_at + driver.RESPONSES_TTL_SECONDS
+            if account_index != request.account.index or not alive:
+                return False
+            response_id = self.continued[response_id]
+        return True
 
     def new_request(
         self, account: SimAccount, key: SimKey, model: Any, *, stream: bool, max_tokens: int
@@ -365,20 +425,48 @@ class Simulation:
             request.number, request.model, stream=request.stream, max_tokens=request.max_tokens
         )
         generation_id = None if request.claim is None else request.claim.generation_id
+        forecast = self.forecast(request) if expected is None else None
         outcome = self.processes.start(
             request.worker, value, request.model, chat, self.clock, self.ttl, generation_id
         )
-        described = self.started(request, outcome, expected)
+        described = self.started(request, outcome, expected, forecast)
         if request.claim is not None and request.state == REFUSED:
             driver.release_claim(request.claim)
         return described
 
-    def started(self, request: SimRequest, outcome: Any, expected: int | None) -> str:
-        """Record how the start went and check a refusal was the right one."""
-        if isinstance(outcome, int):
+    def forecast(self, request: SimRequest) -> Forecast:
+        """What the request's hold must come to, by the model's budgets and the balance.
+
+        It is sized by the prompt's bound, then by its count; on the way, the account's
+        holds past their expiry whose requests recorded no progress are released.
+        """
+        script, now = request.script, self.clock.now()
+        bound, counted = (
+            driver.worst_case(request.model, prompt_tokens=tokens, max_tokens=request.max_tokens)
+            for tokens in (script.prompt_bound, script.prompt_estimate)
+        )
+        account_id = request.account.id
+        state = driver.account_states([account_id])[account_id]
+        holds = driver.open_holds([account_id])
+        driver.end_reads()
+        expired = [
+            hold.id
+            for hold in holds
+            if hold.expires_at < now
+            and (owner := self.hold_owners.get(hold.id)) is not None
+            and owner.recorded is None
+        ]
+        available = state.balance - state.reserved
+        return self.budgets.expect_hold(request.key.id, (bound, counted), available, expired, now)
+
+    def started(
+        self, request: SimRequest, outcome: Any, expected: int | None, forecast: Forecast | None
+    ) -> str:
+        """Record how the start went; check it held or refused as foretold."""
+        if isinstance(outcome, int | driver.Shortage):
             request.state = REFUSED
-            self.check_refusal(request, outcome, expected)
-            return f"refused {outcome}"
+            self.check_refusal(request, outcome, expected, forecast)
+            return f"refused {refusal_named(outcome)}"
         if expected is not None:
             self.fail([f"{request.name} was served with a key that should get {expected}"])
         request.state, request.generation = OPEN, outcome
@@ -389,37 +477,82 @@ class Simulation:
         hold_id, amount = driver.hold_of(outcome)
         self.hold_owners[hold_id] = request
         self.live.append(request)
+        self.check_held(request, amount, forecast)
+        self.budgets.hold(hold_id, request.key.id, amount, self.clock.now())
         return f"held ${amount}"
 
-    def check_refusal(self, request: SimRequest, status: int, expected: int | None) -> None:
-        """A refusal must match the key's state, and a 402 the available balance."""
+    def check_held(self, request: SimRequest, amount: Decimal, forecast: Forecast) -> None:
+        """A hold was placed: it must be the one foretold, not one some limit refuses.
+
+        A hold larger than foretold passed the limit that should have sized it down.
+        """
+        passed = forecast.refused_by
+        if passed is None and amount > forecast.amount:
+            passed = forecast.resized_by
+        if passed is not None:
+            expected = f"a hold of ${forecast.amount}, sized by the prompt's count"
+            if forecast.refused_by is not None:
+                expected = f"a 402 with ${forecast.amount} asked and ${forecast.left} left"
+            self.fail([f"{request.name} was held ${amount}, past {PASSED[passed]}: {expected}"])
+        if amount != forecast.amount:
+            self.fail([f"{request.name} was held ${amount}, expected ${forecast.amount}"])
+
+    def check_refusal(
+        self, request: SimRequest, outcome: Any, expected: int | None, forecast: Forecast | None
+    ) -> None:
+        """A refusal must match the key's state; a 402 must be foretold, naming its limit.
+
+        It names the first limit the hold does not fit (the balance, the key's budget,
+        the member's), with what was asked and what that limit leaves.
+        """
         if expected is not None:
+            status = outcome if isinstance(outcome, int) else outcome.status
             if status != expected:
                 self.fail([f"{request.name} refused {status}, expected {expected}"])
             return
-        if status != driver.INSUFFICIENT:
-            self.fail([f"{request.name} with an active key refused {status}"])
-        worst = driver.worst_case(
-            request.model,
-            prompt_tokens=request.script.prompt_estimate,
-            max_tokens=request.max_tokens,
+        if forecast.refused_by is None:
+            self.fail(
+                [
+                    f"{request.name} refused {refusal_named(outcome)}: {outcome}, "
+                    f"expected a hold of ${forecast.amount}"
+                ]
+            )
+        told = driver.Shortage(
+            LIMITS_NAMED[forecast.refused_by],
+            forecast.amount,
+            forecast.left,
+            forecast.budget,
+            forecast.window,
         )
-        state = driver.account_states([request.account.id])[request.account.id]
-        driver.end_reads()
-        if state.balance - state.reserved >= worst and not self.key_short(request.key, worst):
-            self.fail([f"{request.name} refused 402 with ${worst} needed and enough available"])
+        if outcome != told:
+            self.fail([f"{request.name} refused {outcome}, expected {told}"])
 
-    def key_short(self, key: SimKey, amount: Decimal) -> bool:
-        """Whether the key's budget leaves less than ``amount`` in its window."""
-        allowance = driver.key_states([key.id], self.clock.now())[key.id].allowance
-        driver.end_reads()
-        return allowance is not None and allowance < amount
+    def returning_caller(self) -> tuple[SimAccount, SimKey] | None:
+        """The account and active key of a caller who waited for their budget's window to end.
+
+        Once it has: the first request after it finds what was spent before it gone.
+        """
+        if self.waiting is None or self.clock.now() < self.waiting[1]:
+            return None
+        counters, self.waiting = self.waiting[0], None
+        theirs = [
+            (account, key)
+            for account in self.accounts
+            for key in account.keys
+            if key.state == ACTIVE and counters in self.budgets.limits(key.id)
+        ]
+        return self.random.choice(theirs) if theirs else None
 
     def pick_key(self, account: SimAccount) -> tuple[SimKey, str, int | None]:
-        """A key value to call with, and the refusal it must get (None: it is valid)."""
+        """A key value to call with, and the refusal it must get (None: it is valid).
+
+        Mostly an active key of one of the members who have one, each member as often.
+        """
         active = [k for k in account.keys if k.state == ACTIVE]
         if active and self.random.random() < 0.9:
-            return (key := self.random.choice(active)), key.value, None
+            member_id = self.random.choice(sorted({k.member_id for k in active}))
+            key = self.random.choice([k for k in active if k.member_id == member_id])
+            return key, key.value, None
         candidates: list[tuple[SimKey, str, int | None]] = []
         for key in account.keys:
             expected = {ACTIVE: None, REVOKED: driver.REVOKED, DELETED: driver.UNAUTHORIZED}
@@ -651,6 +784,10 @@ class Simulation:
             problems = self.death_problems(request, settled)
             if problems:
                 self.fail([f"{request.name} died: {problem}" for problem in problems])
+            if request.recorded is None:
+                self.budgets.release(hold_id)
+            else:
+                self.budgets.settle(hold_id, sum(settled.charges, Decimal(0)))
 
     def death_problems(self, request: SimRequest, settled: driver.Settlement) -> list[str]:
         """What is wrong with the settlement of a dead request's ended hold."""
@@ -679,14 +816,14 @@ class Simulation:
         """What may be charged for this request if it settles in the next step.
 
         Its hold if still open, and beyond it what the account has available and the
-        key's budget still allows.
+        budgets of its key and its member still allow, as the model has them.
         """
         hold_id, amount = driver.hold_of(request.generation)
         state = driver.account_states([request.account.id])[request.account.id]
-        allowance = driver.key_states([request.key.id], self.clock.now())[request.key.id].allowance
-        held = amount if driver.hold_is_open(hold_id) else Decimal(0)
         driver.end_reads()
         room = max(state.balance - state.reserved, Decimal(0))
+        allowance = self.budgets.room(request.key.id, self.clock.now())
+        held = amount if self.budgets.holds[hold_id].open else Decimal(0)
         return held + (room if allowance is None else min(room, allowance))
 
     def end(self, request: SimRequest, cap: Decimal, *, completed: bool, how: str) -> str:
@@ -703,6 +840,7 @@ class Simulation:
         if expected < price:
             self.shortfalls.add(driver.generation_id(request.generation))
         self.check_settlement(request, usage, expected, shortfall=price - expected)
+        self.budgets.settle(driver.hold_of(request.generation)[0], expected)
         if request.turn is not None:
             self.check_stored(request, completed=completed)
         return f"{how}: {request.name}, {request.delivered} tokens, charged ${expected}"
@@ -722,6 +860,7 @@ class Simulation:
             if found is None or found != request.told_cost:
                 problems.append(f"stored cost {found}, told the caller {request.told_cost}")
             self.stored.append((request.account.index, response_id, self.clock.elapsed))
+            self.continued[response_id] = request.previous
         elif found is not None:
             problems.append("a response stored though it should not be")
         if seen_by_others:
@@ -780,20 +919,83 @@ class Simulation:
         seconds = round(self.ttl * self.random.uniform(0.5, 2.5), 3)
         return self.let_time_pass(seconds)
 
+    def await_window(self) -> str:
+        """Nothing runs: time goes on to about the end of a window, as over a quiet night.
+
+        To a little before or after the end of the day, or of the window a key's or a
+        member's budget is in, most often one spent, so that the requests to come run
+        across it; a caller of the spent budget then comes back (``returning_caller``).
+        """
+        now = self.clock.now()
+        ends, spent = self.budgets.window_ends(now), self.budgets.spent_ends(now, LITTLE)
+        counters, end = self.random.choice(spent if spent and self.random.random() < 0.7 else ends)
+        seconds = max((end - now).total_seconds() + self.random.uniform(-60, 60), 0)
+        passed = self.let_time_pass(round(seconds, 3))
+        # The sweepers give the tables partitioned by month their months ahead.
+        driver.add_months()
+        if counters is None:
+            return f"await the end of the day: {passed}"
+        self.waiting = (counters, end)
+        return f"await the end of {counters.name}'s {counters.window}: {passed}"
+
+    def await_expiry(self) -> str:
+        """Time goes on to just past a dead request's hold's expiry, before the next sweep.
+
+        Until the sweepers come round, the next hold on its account that does not fit
+        releases it first, as every hold past its expiry without progress.
+        """
+        now = self.clock.now()
+        expiries = {h.id: h.expires_at for h in driver.open_holds([a.id for a in self.accounts])}
+        driver.end_reads()
+        coming = [
+            (request, expires_at)
+            for request in self.unswept_deaths()
+            if (expires_at := expiries.get(driver.hold_of(request.generation)[0], now)) > now
+        ]
+        if not coming:
+            return "no dead request's hold is left to expire"
+        request, expires_at = self.random.choice(coming)
+        seconds = (expires_at - now).total_seconds() + self.random.uniform(0.001, 5)
+        passed = self.let_time_pass(round(seconds, 3))
+        return f"await the expiry of {request.name}'s hold: {passed}"
+
+    def unswept_deaths(self) -> list[SimRequest]:
+        """The dead requests without progress recorded whose holds may still be open."""
+        return [
+            r
+            for r in self.requests
+            if r.state == DEAD and r.recorded is None and not r.death_checked
+        ]
+
     def let_time_pass(self, seconds: float) -> str:
         """Advance the clock through what happens meanwhile, in time order.
 
         Each worker's sweeper runs whenever its period comes; a live request whose
         upstream stays silent past its read timeout fails then, as through ``requests``.
+        The sweeps that would find nothing to do (nothing runs, no hold is open) are
+        passed over, so that days may pass.
         """
         target = self.clock.elapsed + seconds
         events = []
         while (event := self.next_event()) is not None and event[0] <= target:
+            if self.idle():
+                self.pass_over_sweeps(target)
+                continue
             self.clock.elapsed, request = event
             events.append(self.time_out(request) if request else self.run_due_sweep())
         self.clock.elapsed = target
         happened = "; ".join(e for e in events if e)
         return f"{seconds}s pass" + (f": {happened}" if happened else "")
+
+    def idle(self) -> bool:
+        """Whether nothing runs and no dead request's hold is left to end."""
+        dead = (r for r in self.requests if r.state == DEAD)
+        return not self.live and all(r.death_checked for r in dead)
+
+    def pass_over_sweeps(self, target: float) -> None:
+        """Let the sweeps due until ``target`` go by: while idle, they change nothing."""
+        periods = math.floor((target - self.next_sweep_at) / self.sweep_every) + 1
+        self.next_sweep_at += max(periods, 0) * self.sweep_every
 
     def deadline(self, request: SimRequest | None = None) -> float:
         """When a request now waiting on its upstream times out (a slow caller's never)."""
@@ -871,38 +1073,74 @@ class Simulation:
             return f"keep key {key.name}: a request made with it is running"
         return f"{change} key {key.name}"
 
-    def issue_key(self, account: SimAccount) -> SimKey:
-        """Issue one of the account's members a new key."""
-        member_id = self.random.choice(account.members)
+    def issue_key(self, account: SimAccount, member_id: int | None = None) -> SimKey:
+        """Issue a new key to ``member_id``, or to one of the account's members."""
+        member_id = member_id or self.random.choice(account.members)
         key = SimKey(
             f"k{account.index}.{len(account.keys)}",
             *driver.issue_key(account.id, member_id),
             member_id=member_id,
         )
         account.keys.append(key)
+        self.budgets.add_key(key.id, member_id, key.name)
         return key
 
-    def change_member(self) -> str:
-        """An organisation gains a member, or loses one: their keys are revoked at once.
+    def join(self, account: SimAccount, member_id: int) -> str:
+        """``member_id`` joins the account's members; return the name the schedule gives them."""
+        name = f"m{account.index}.{account.joined}"
+        account.joined += 1
+        account.members.append(member_id)
+        self.budgets.add_member(member_id, name)
+        return name
 
-        Requests already running with a removed member's keys go on and are charged, as
-        with any revoked key; the invariants check the keys refuse from now on.
-        """
+    def add_member(self) -> str:
+        """An organisation gains a member, who is issued a key at once."""
         account = self.random.choice(self.accounts)
-        if len(account.members) == 1 or self.random.random() < 0.5:
-            email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
-            account.members.append(driver.add_member(account.id, email))
-            return f"a{account.index} gains a member ({len(account.members)} now)"
-        member_id = self.random.choice(account.members[1:])
+        email = f"member-{self.seed}-{self.step}-{uuid.uuid4().hex[:8]}@example.com"
+        member_id = driver.add_member(account.id, email)
+        name = self.join(account, member_id)
+        key = self.issue_key(account, member_id)
+        return f"a{account.index} gains member {name} with key {key.name}"
+
+    def remove_member(self) -> str:
+        """An organisation loses a member: their keys are revoked at once.
+
+        Most often one whose requests are running, and among those one with a budget:
+        the requests go on and are charged, as with any revoked key, and count against
+        the member's budget as they settle; the invariants check the keys refuse from now.
+        """
+        account, member_id = self.leaving_member()
         revoked = driver.remove_member(account.id, member_id)
         theirs = [k for k in account.keys if k.member_id == member_id and k.state == ACTIVE]
         if revoked != len(theirs):
             self.fail([f"removing a member revoked {revoked} keys, not {len(theirs)}"])
         for key in theirs:
             key.state = REVOKED
-        position = account.members.index(member_id)
         account.members.remove(member_id)
-        return f"a{account.index} removes member {position}: {revoked} keys revoked"
+        member = self.budgets.members[member_id]
+        running = sum(1 for r in self.live if r.key.member_id == member_id)
+        return (
+            f"a{account.index} removes member {member.name} (budget ${member.budget} a "
+            f"{member.window}, {running} requests running): {revoked} keys revoked"
+        )
+
+    def members_who_may_leave(self) -> list[list[tuple[SimAccount, int]]]:
+        """The members but owners who may leave, in three groups, the narrowest first.
+
+        Those with a budget and requests running, those with requests running, all.
+        """
+        members = [(a, m) for a in self.accounts for m in a.members[1:]]
+        running = [(a, m) for a, m in members if any(r.key.member_id == m for r in self.live)]
+        budgeted = [(a, m) for a, m in running if self.budgets.members[m].budget is not None]
+        return [budgeted, running, members]
+
+    def leaving_member(self) -> tuple[SimAccount, int]:
+        """A member who leaves: most often one with a budget and requests running."""
+        roll = self.random.random()
+        for group, chance in zip(self.members_who_may_leave(), (0.8, 0.9, 1), strict=True):
+            if group and roll < chance:
+                return self.random.choice(group)
+        raise AssertionError("no member but owners may leave")
 
     def change_limit(self) -> str:
         """The owner sets, changes or lifts a key's budget, in one of the windows."""
@@ -915,9 +1153,34 @@ class Simulation:
             return f"keep the limit of key {key.name}: a request made with it is running"
         window = self.random.choice(WINDOWS)
         driver.set_budget(key.id, limit, window)
+        self.budgets.set_key_budget(key.id, limit, window, self.clock.now())
         key.budget = limit
-        self.limit_changed = key
+        self.budget_changed = self.budgets.keys[key.id]
         return f"limit key {key.name} to ${limit} a {window}"
+
+    def change_member_budget(self) -> str:
+        """An admin sets, changes or lifts a member's budget, in one of the windows.
+
+        Every key of the member counts against it, those with a budget of their own too.
+        Half the time the member is one whose requests are running, if there is one.
+        """
+        running = sorted({r.key.member_id for r in self.live if r.key.member_id is not None})
+        if running and self.random.random() < 0.5:
+            member_id = self.random.choice(running)
+        else:
+            member_id = self.random.choice(self.random.choice(self.accounts).members)
+        member = self.budgets.members[member_id]
+        amount = None
+        if self.random.random() < 0.8:
+            amount = self.money(Decimal("0.001"), Decimal("0.03"))
+        window = self.random.choice(WINDOWS)
+        running = any(r.key.member_id == member_id for r in self.live)
+        if running and not self.faults.budget_members_in_flight:
+            return f"keep the budget of member {member.name}: a request of theirs is running"
+        driver.set_member_budget(member_id, amount, window)
+        self.budgets.set_member_budget(member_id, amount, window, self.clock.now())
+        self.budget_changed = member
+        return f"budget member {member.name} ${amount} a {window}"
 
     def in_flight(self, key: SimKey) -> bool:
         """Whether a live request was made with ``key``."""
@@ -931,7 +1194,7 @@ class Simulation:
         problems = list(self.balance_problems(driver.account_states(ids)))
         holds = driver.open_holds(ids)
         problems += self.hold_problems(holds)
-        problems += self.key_problems(holds)
+        problems += self.budget_problems(holds)
         driver.end_reads()
         if audit and not problems:
             problems += self.audit_problems(ids)
@@ -1000,37 +1263,54 @@ class Simulation:
             if driver.hold_of(request.generation)[0] not in still_open:
                 yield f"{request.name} is running but its hold is no longer open"
 
-    def key_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
-        """A key's row is its open holds and its window's charges; it never passes its budget.
+    def budget_problems(self, holds: list[driver.OpenHold]) -> Iterator[str]:
+        """Every key's and member's row: as the model has it, and never past its budget.
 
-        Deleted keys too: their rows stay, and their running requests still settle on them.
+        Its reservation is its open holds (a member's, those of all their keys); a row
+        never goes further past its budget than a change of the budget took it. Deleted
+        keys and removed members too: their rows stay, and their requests still settle.
         """
-        keys = [k for account in self.accounts for k in account.keys]
-        states = driver.key_states([k.id for k in keys], self.clock.now())
-        held: dict[str, Decimal] = {k.name: Decimal(0) for k in keys}
+        rows = driver.budget_rows(list(self.budgets.keys), list(self.budgets.members))
+        held = self.held_on_budgets(holds)
+        for found, modelled in zip(rows, (self.budgets.keys, self.budgets.members), strict=True):
+            for row_id, counters in modelled.items():
+                yield from self.row_problems(found[row_id], counters, held[counters.name])
+
+    def held_on_budgets(self, holds: list[driver.OpenHold]) -> dict[str, Decimal]:
+        """What the open holds reserve on each key and each member, by their names."""
+        held = {
+            c.name: Decimal(0)
+            for c in [*self.budgets.keys.values(), *self.budgets.members.values()]
+        }
         for hold in holds:
             owner = self.hold_owners.get(hold.id)
-            if owner is not None and owner.key.name in held:
-                held[owner.key.name] += hold.amount
-        for key in keys:
-            state = states[key.id]
-            if state.reserved != state.open_holds_sum:
-                yield f"key {key.name}: reserved ${state.reserved}, holds ${state.open_holds_sum}"
-            if state.window_spent != state.charged_in_window:
-                yield (
-                    f"key {key.name}: spent ${state.window_spent} this {state.window} by its "
-                    f"row, its requests held in it were charged ${state.charged_in_window}"
-                )
-            if state.budget is None:
-                continue
-            total = state.window_spent + held[key.name]
-            excess = max(total - state.budget, Decimal(0))
-            if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
-                yield (
-                    f"key {key.name}: spent ${state.window_spent} this {state.window} and holds "
-                    f"${held[key.name]}, past its budget of ${state.budget}"
-                )
-            self.key_excess[key.name] = excess
+            if owner is not None:
+                for counters in self.budgets.limits(owner.key.id):
+                    held[counters.name] += hold.amount
+        return held
+
+    def row_problems(
+        self, row: driver.BudgetRow, counters: Counters, held: Decimal
+    ) -> Iterator[str]:
+        """What is wrong with one key's or member's row."""
+        name = counters.name
+        modelled = driver.BudgetRow(
+            counters.budget, counters.window, counters.start, counters.spent, counters.reserved
+        )
+        if row != modelled:
+            yield f"{name}: its row has {row}, the model {modelled}"
+        if row.reserved != held:
+            yield f"{name}: reserved ${row.reserved}, its open holds ${held}"
+        if row.budget is None:
+            return
+        spent = driver.spent_in_window(row, self.clock.now())
+        excess = max(spent + held - row.budget, Decimal(0))
+        if excess > self.excess.get(name, Decimal(0)) and counters is not self.budget_changed:
+            yield (
+                f"{name}: spent ${spent} this {row.window} and holds ${held}, "
+                f"past its budget of ${row.budget}"
+            )
+        self.excess[name] = excess
 
     def drain(self) -> None:
         """Finish every live request, let every dead one's hold expire; nothing may stay open."""

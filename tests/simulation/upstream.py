@@ -46,6 +46,11 @@ class UpstreamScript:
     timed_out: bool = False
 
     @property
+    def prompt_bound(self) -> int:
+        """The bound of the prompt's tokens the gateway sizes a hold by before it counts."""
+        return 2 * self.prompt_estimate
+
+    @property
     def completion_tokens(self) -> int:
         """Every token of content the upstream would deliver if nothing failed."""
         return sum(self.chunk_tokens)
@@ -77,7 +82,7 @@ class SimulatedAdapter(Adapter):
 
     def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
         """A bound above the count, as a prompt's size in bytes is: a short balance recounts."""
-        return 2 * self.script_for(request).prompt_estimate
+        return self.script_for(request).prompt_bound
 
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
         """One token per word."""
