@@ -48,7 +48,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.models import ACTIVE, ApiKey
 from app.budgets import DAY, ROLLING_MICROS, WEEK
-from app.credits.models import OPEN, Account, Hold, LedgerEntry, UsageRollup
+from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry, UsageRollup
 from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
@@ -70,6 +70,21 @@ charge = bindparam("charge", type_=Money())
 released = bindparam("released", type_=Money())
 
 
+def constant(value: str | int) -> ColumnElement[Any]:
+    """Return ``value`` written into a statement's text: a constant, not a parameter.
+
+    A parameter is sent and bound on every execution, and on PostgreSQL each one is
+    parsed and evaluated from the EXECUTE's text; a window's name or a length never
+    changes. Only for the module's own constants, never for a value from outside.
+    """
+    if isinstance(value, str):
+        return literal_column(f"'{value}'", String())
+    return literal_column(str(int(value)), BigInteger())
+
+
+ZERO = constant(0)
+
+
 def window_start_now(rows: TableClause) -> ColumnElement[int]:
     """Return the start of the window the hold's time falls in, for ``rows``' row.
 
@@ -79,14 +94,14 @@ def window_start_now(rows: TableClause) -> ColumnElement[int]:
     now = bindparam("now_micros", type_=BigInteger())
     rolling = [
         (
-            rows.c.budget_window == window,
-            case((rows.c.window_start > now - seconds, rows.c.window_start), else_=now),
+            rows.c.budget_window == constant(window),
+            case((rows.c.window_start > now - constant(micros), rows.c.window_start), else_=now),
         )
-        for window, seconds in ROLLING_MICROS.items()
+        for window, micros in ROLLING_MICROS.items()
     ]
     return case(
-        (rows.c.budget_window == DAY, bindparam("day_start", type_=BigInteger())),
-        (rows.c.budget_window == WEEK, bindparam("week_start", type_=BigInteger())),
+        (rows.c.budget_window == constant(DAY), bindparam("day_start", type_=BigInteger())),
+        (rows.c.budget_window == constant(WEEK), bindparam("week_start", type_=BigInteger())),
         *rolling,
         else_=bindparam("month_start", type_=BigInteger()),
     )
@@ -94,7 +109,7 @@ def window_start_now(rows: TableClause) -> ColumnElement[int]:
 
 def spent_in_window(rows: TableClause) -> ColumnElement[Any]:
     """Return what ``rows``' row spent in the hold's window: a new window starts at zero."""
-    return case((rows.c.window_start == window_start_now(rows), rows.c.window_spent), else_=0)
+    return case((rows.c.window_start == window_start_now(rows), rows.c.window_spent), else_=ZERO)
 
 
 def within_budget(rows: TableClause) -> ColumnElement[bool]:
@@ -122,7 +137,7 @@ def spend_in_window(rows: TableClause, held_in: ColumnElement[Any]) -> dict[Any,
     """
     return {
         rows.c.window_spent: rows.c.window_spent
-        + case((rows.c.window_start == held_in, charge), else_=0),
+        + case((rows.c.window_start == held_in, charge), else_=ZERO),
         rows.c.window_reserved: rows.c.window_reserved - released,
     }
 
@@ -138,7 +153,7 @@ KEY_WITHIN_LIMIT = within_budget(keys)
 # rotation or deletion for the time the change takes to be heard; nothing is held on it.
 key_digest = bindparam("key_digest", type_=String())
 KEY_AS_PRESENTED = and_(
-    keys.c.state == ACTIVE, or_(key_digest.is_(None), keys.c.digest == key_digest)
+    keys.c.state == constant(ACTIVE), or_(key_digest.is_(None), keys.c.digest == key_digest)
 )
 RESERVE_ON_KEY = reserve_in_window(keys)
 # The key's member: a key belongs to one member for its life.
@@ -177,7 +192,7 @@ def reserve_on_member(within: ColumnElement[bool]) -> Update:
 INSERT_HOLD = insert(holds)
 CLOSE_HOLD = (
     update(holds)
-    .where(holds.c.id == bindparam("hold_id"), holds.c.status == OPEN)
+    .where(holds.c.id == bindparam("hold_id"), holds.c.status == constant(OPEN))
     .values(status=bindparam("status"))
 )
 DEBIT = (
@@ -370,7 +385,7 @@ def hold_in_one_statement(
         bindparam("holder_id"),
         amount,
         bindparam("key_id"),
-        bindparam("status", type_=String()),
+        constant(OPEN),
         bindparam("placed_at", type_=UTCDateTime()),
         bindparam("expires_at", type_=UTCDateTime()),
         *(window if window is not None else null() for window in windows),
@@ -439,7 +454,7 @@ def settlement_in_one_statement(
     if with_entry:
         entry_row = select(
             bindparam("holder_id"),
-            bindparam("kind", type_=String()),
+            constant(CHARGE),
             bindparam("entry_amount", type_=Money()),
             bindparam("generation_id", type_=String()),
             bindparam("charged_at", type_=UTCDateTime()),
