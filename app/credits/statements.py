@@ -14,6 +14,7 @@ would SET every column named by a parameter of the execution.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -32,6 +33,7 @@ from sqlalchemy import (
     case,
     column,
     exists,
+    false,
     func,
     insert,
     literal_column,
@@ -85,31 +87,64 @@ def constant(value: str | int) -> ColumnElement[Any]:
 ZERO = constant(0)
 
 
+def calendar_window_start(rows: TableClause) -> ColumnElement[int]:
+    """Return the start of ``rows``' calendar window at the statement's time.
+
+    The calendar windows' starts are parameters (app.budgets.window_parameters). A
+    window never goes back: a statement whose time was read just before a boundary
+    that another has crossed since counts in the window the row is in.
+    """
+    start = case(
+        (rows.c.budget_window == constant(DAY), bindparam("day_start", type_=BigInteger())),
+        (rows.c.budget_window == constant(WEEK), bindparam("week_start", type_=BigInteger())),
+        else_=bindparam("month_start", type_=BigInteger()),
+    )
+    return case((rows.c.window_start > start, rows.c.window_start), else_=start)
+
+
+def rolling(rows: TableClause) -> ColumnElement[bool]:
+    """Return whether ``rows``' row counts its spend in a rolling window (``5h``)."""
+    return or_(*(rows.c.budget_window == constant(window) for window in ROLLING_MICROS))
+
+
 def window_start_now(rows: TableClause) -> ColumnElement[int]:
     """Return the start of the window the hold's time falls in, for ``rows``' row.
 
-    The calendar windows' starts are parameters (app.budgets.window_parameters); a
-    rolling window goes on while it lasts, and starts again at the hold's time after.
+    A rolling window goes on while it lasts, and starts again at the hold's time after.
     """
     now = bindparam("now_micros", type_=BigInteger())
-    rolling = [
+    started = [
         (
             rows.c.budget_window == constant(window),
             case((rows.c.window_start > now - constant(micros), rows.c.window_start), else_=now),
         )
         for window, micros in ROLLING_MICROS.items()
     ]
-    return case(
-        (rows.c.budget_window == constant(DAY), bindparam("day_start", type_=BigInteger())),
-        (rows.c.budget_window == constant(WEEK), bindparam("week_start", type_=BigInteger())),
-        *rolling,
-        else_=bindparam("month_start", type_=BigInteger()),
-    )
+    return case(*started, else_=calendar_window_start(rows))
+
+
+def window_start_settled(rows: TableClause) -> ColumnElement[int]:
+    """Return the start of the window a settlement leaves ``rows``' row in.
+
+    A calendar window that began since the row's rolls over, so that a row no hold
+    writes (it has no budget) still counts its window's true spend; a rolling window
+    is started by a request's hold alone, never by a settlement.
+    """
+    return case((rolling(rows), rows.c.window_start), else_=calendar_window_start(rows))
 
 
 def spent_in_window(rows: TableClause) -> ColumnElement[Any]:
     """Return what ``rows``' row spent in the hold's window: a new window starts at zero."""
     return case((rows.c.window_start == window_start_now(rows), rows.c.window_spent), else_=ZERO)
+
+
+def reserves_on(rows: TableClause) -> ColumnElement[bool]:
+    """Return whether a hold reserves on ``rows``' row: it has a budget, or a rolling window.
+
+    A reservation on a row without a budget protects nothing, and is not written; a
+    rolling window's row is, since its holds start its window.
+    """
+    return or_(rows.c.budget.is_not(None), rolling(rows))
 
 
 def within_budget(rows: TableClause) -> ColumnElement[bool]:
@@ -129,16 +164,23 @@ def reserve_in_window(rows: TableClause) -> dict[Any, Any]:
     }
 
 
-def spend_in_window(rows: TableClause, held_in: ColumnElement[Any]) -> dict[Any, Any]:
+def spend_in_window(
+    rows: TableClause, held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]
+) -> dict[Any, Any]:
     """Return a settlement's change to ``rows``' row: its reservation released, its charge spent.
 
-    The charge counts in the window the hold was placed in (``held_in``): in a window
-    that has ended since, it counts no more.
+    The charge counts in the window the hold was placed in (``held_in``), if that is
+    the row's window once rolled over (window_start_settled): in a window that has
+    ended since, it counts no more. The reservation released is the hold's if it
+    reserved on the row (``reserved_here``), nothing otherwise.
     """
+    start = window_start_settled(rows)
     return {
-        rows.c.window_spent: rows.c.window_spent
-        + case((rows.c.window_start == held_in, charge), else_=ZERO),
-        rows.c.window_reserved: rows.c.window_reserved - released,
+        rows.c.window_start: start,
+        rows.c.window_spent: case((rows.c.window_start == start, rows.c.window_spent), else_=ZERO)
+        + case((start == held_in, charge), else_=ZERO),
+        rows.c.window_reserved: rows.c.window_reserved
+        - case((reserved_here, released), else_=ZERO),
     }
 
 
@@ -160,11 +202,20 @@ RESERVE_ON_KEY = reserve_in_window(keys)
 KEYS_MEMBER = memberships.c.id == select(keys.c.member_id).where(KEY_ROW).scalar_subquery()
 MEMBER_WITHIN_BUDGET = within_budget(memberships)
 RESERVE_ON_MEMBER = reserve_in_window(memberships)
-# The windows a hold was placed in, as its key's and its member's rows say after it.
-HOLD_WINDOWS = (
-    select(keys.c.window_start, memberships.c.window_start)
-    .join(memberships, memberships.c.id == keys.c.member_id)
-    .where(KEY_ROW)
+# What a hold reads of its key, as presented, and of its member, before it reserves on
+# either: whether each is reserved on (reserves_on), and the window each would count
+# the hold in. A row that is not reserved on is read, never locked nor written.
+KEY_AND_MEMBER_TO_HOLD = (
+    select(
+        keys.c.id,
+        keys.c.member_id,
+        reserves_on(keys).label("key_reserves"),
+        window_start_now(keys).label("key_window"),
+        reserves_on(memberships).label("member_reserves"),
+        window_start_now(memberships).label("member_window"),
+    )
+    .join_from(keys, memberships, memberships.c.id == keys.c.member_id)
+    .where(KEY_ROW, KEY_AS_PRESENTED)
 )
 
 
@@ -178,15 +229,29 @@ def reserve_on_account(covers: ColumnElement[bool]) -> Update:
 def reserve_on_key(within_limit: ColumnElement[bool]) -> Update:
     """Return the conditional UPDATE reserving the amount on the key, within its budget.
 
-    It applies only to the key as its caller presented it (KEY_AS_PRESENTED).
+    It applies only to the key as its caller presented it (KEY_AS_PRESENTED), and
+    returns the start of the window it counts the hold in.
     """
-    return update(keys).where(KEY_ROW, KEY_AS_PRESENTED, within_limit).values(RESERVE_ON_KEY)
+    return (
+        update(keys)
+        .where(KEY_ROW, KEY_AS_PRESENTED, within_limit)
+        .values(RESERVE_ON_KEY)
+        .returning(keys.c.window_start)
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def reserve_on_member(within: ColumnElement[bool]) -> Update:
-    """Return the conditional UPDATE reserving the amount on the key's member, within budget."""
-    return update(memberships).where(KEYS_MEMBER, within).values(RESERVE_ON_MEMBER)
+    """Return the conditional UPDATE reserving the amount on the key's member, within budget.
+
+    It returns the start of the window it counts the hold in.
+    """
+    return (
+        update(memberships)
+        .where(KEYS_MEMBER, within)
+        .values(RESERVE_ON_MEMBER)
+        .returning(memberships.c.window_start)
+    )
 
 
 INSERT_HOLD = insert(holds)
@@ -205,36 +270,52 @@ DEBIT = (
 )
 
 
-def spend_on_key(held_in: ColumnElement[Any]) -> Update:
+def spend_on_key(held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]) -> Update:
     """Return a settlement's UPDATE of the key: reservation to the spend of ``held_in``.
 
-    It records the key's use too: the key's row is written by every settlement anyway.
+    It records the key's use too: the one write of the key's row a request makes when
+    the key has no budget (its hold only read the row).
     """
     return (
         update(keys)
         .where(KEY_ROW)
-        .values({**spend_in_window(keys, held_in), keys.c.last_used_at: used_at})
+        .values({**spend_in_window(keys, held_in, reserved_here), keys.c.last_used_at: used_at})
     )
 
 
-def spend_on_member(held_in: ColumnElement[Any]) -> Update:
+def spend_on_member(held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]) -> Update:
     """Return a settlement's UPDATE of the key's member: reservation to the spend of ``held_in``."""
-    return update(memberships).where(KEYS_MEMBER).values(spend_in_window(memberships, held_in))
+    changes = spend_in_window(memberships, held_in, reserved_here)
+    return update(memberships).where(KEYS_MEMBER).values(changes)
 
 
 # A settlement moves the key's and its member's reservations to the spend of the windows
 # the hold noted, as its row says when it is closed: a budget whose window changed since
-# notes its holds anew (app.accounts.budgets).
+# notes its holds anew, and a budget set since takes over its reservation
+# (app.accounts.budgets).
 used_at = bindparam("used_at", type_=UTCDateTime())
 HOLD_ROW = holds.c.id == bindparam("hold_id")
-SPEND_ON_KEY = spend_on_key(select(holds.c.key_window_start).where(HOLD_ROW).scalar_subquery())
+
+
+def noted(column: ColumnElement[Any]) -> ScalarSelect:
+    """Return what the hold's row (``hold_id``) notes in ``column``."""
+    return select(column).where(HOLD_ROW).scalar_subquery()
+
+
+SPEND_ON_KEY = spend_on_key(noted(holds.c.key_window_start), noted(holds.c.reserved_on_key))
 SPEND_ON_MEMBER = spend_on_member(
-    select(holds.c.member_window_start).where(HOLD_ROW).scalar_subquery()
+    noted(holds.c.member_window_start), noted(holds.c.reserved_on_member)
 )
-RELEASE_ON_KEY = update(keys).where(KEY_ROW).values(window_reserved=keys.c.window_reserved - amount)
+HOLD_RESERVATIONS = select(holds.c.reserved_on_key, holds.c.reserved_on_member).where(HOLD_ROW)
+# An expired hold gives back its reservations, from the rows it reserved on alone.
+RELEASE_ON_KEY = (
+    update(keys)
+    .where(KEY_ROW, noted(holds.c.reserved_on_key))
+    .values(window_reserved=keys.c.window_reserved - amount)
+)
 RELEASE_ON_MEMBER = (
     update(memberships)
-    .where(KEYS_MEMBER)
+    .where(KEYS_MEMBER, noted(holds.c.reserved_on_member))
     .values(window_reserved=memberships.c.window_reserved - amount)
 )
 INSERT_ENTRY = insert(entries)
@@ -325,33 +406,26 @@ def hold_in_one_statement(
     yields their latest versions; the UPDATEs and the INSERT then apply only if every
     lock matched, and check nothing more of rows that nobody else can change meanwhile.
     So the statement applies all of its steps or none, and needs no transaction around
-    it. It commits without waiting for the disk (COMMIT_WITHOUT_WAITING), which costs
+    it. A key or member that is not reserved on (reserves_on) is read as the statement's
+    snapshot has it, and neither locked nor written. It commits without waiting for the
+    disk (COMMIT_WITHOUT_WAITING), which costs
     PostgreSQL a sync and the request its wait (about 0.25 ms here). A server crash can
     then lose only holds: a settlement is on disk when it returns (execute_durably), and
     the WAL up to it with it, holds included; a settlement whose hold was lost charges
     what the balance allows, as for an expired one. The SELECT says which guards
-    matched. The hold's row notes the windows its key and member counted it in.
+    matched. The hold's row notes the windows its key and member counted it in, and
+    whether it reserved on each.
     """
     covering = (
         select(accounts.c.id).where(with_holder_id(ACCOUNT_ROW), covers).with_for_update()
     ).cte("covering_account")
-    checks = [covering]
+    # What the hold passed so far: the account, then the key, then its member.
+    passed = [covering]
     if within_limit is not None:
-        within = (
-            select(keys.c.id, keys.c.member_id)
-            .where(KEY_ROW, KEY_AS_PRESENTED, within_limit, exists(select(covering.c.id)))
-            .with_for_update()
-        ).cte("key_within_limit")
-        member = (
-            select(memberships.c.id)
-            .where(
-                memberships.c.id == select(within.c.member_id).scalar_subquery(),
-                member_within if member_within is not None else MEMBER_WITHIN_BUDGET,
-            )
-            .with_for_update()
-        ).cte("member_within_budget")
-        checks += [within, member]
-    gate = exists(select(checks[-1].c.id))
+        member_within = member_within if member_within is not None else MEMBER_WITHIN_BUDGET
+        checks = _key_and_member_checks(covering, within_limit, member_within)
+        passed += [checks.key_passed, checks.passed]
+    gate = exists(select(passed[-1].c.id))
     steps = [
         update(accounts)
         .where(with_holder_id(ACCOUNT_ROW), gate)
@@ -359,27 +433,102 @@ def hold_in_one_statement(
         .returning(accounts.c.id)
         .cte("reserved")
     ]
-    windows: list[Any] = [None, None]
+    notes: list[Any] = [null(), null(), false(), false()]
     if within_limit is not None:
-        on_key = (
-            update(keys)
-            .where(KEY_ROW, gate)
-            .values(RESERVE_ON_KEY)
-            .returning(keys.c.window_start)
-            .cte("reserved_on_key")
+        on_rows = _reservations_in_one_statement(checks, gate)
+        steps += on_rows
+        notes = _notes_of_hold(checks.passed, *on_rows)
+    steps.append(_insert_hold(notes, gate))
+    counted = [_row_count(check) for check in passed]
+    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
+
+
+@dataclass(frozen=True)
+class _KeyAndMemberChecks:
+    """The CTEs of a hold's key and member: each row's lock, and what passed so far."""
+
+    key_locked: CTE
+    key_passed: CTE
+    member_locked: CTE
+    passed: CTE
+
+
+def _key_and_member_checks(
+    covering: CTE, within_limit: ColumnElement[bool], member_within: ColumnElement[bool]
+) -> _KeyAndMemberChecks:
+    """Return the CTEs of a hold's key and member: the key locked, passed, the member's same.
+
+    Each row that is reserved on is locked and held to its guard; the others pass as
+    read. The member is taken after the key (its lock waits for the key's check).
+    """
+    presented = KEY_AND_MEMBER_TO_HOLD.where(exists(select(covering.c.id))).cte("key_as_presented")
+    key_locked = (
+        select(keys.c.id)
+        .where(
+            keys.c.id == select(presented.c.id).where(presented.c.key_reserves).scalar_subquery(),
+            KEY_AS_PRESENTED,
+            within_limit,
         )
-        on_member = (
-            update(memberships)
-            .where(memberships.c.id == select(checks[-1].c.id).scalar_subquery(), gate)
-            .values(RESERVE_ON_MEMBER)
-            .returning(memberships.c.window_start)
-            .cte("reserved_on_member")
+        .with_for_update()
+    ).cte("key_within_limit")
+    key_passed = (
+        select(presented).where(or_(~presented.c.key_reserves, exists(select(key_locked.c.id))))
+    ).cte("key_passed")
+    member_locked = (
+        select(memberships.c.id)
+        .where(
+            memberships.c.id
+            == select(key_passed.c.member_id).where(key_passed.c.member_reserves).scalar_subquery(),
+            member_within,
         )
-        steps += [on_key, on_member]
-        windows = [
-            select(on_key.c.window_start).scalar_subquery(),
-            select(on_member.c.window_start).scalar_subquery(),
-        ]
+        .with_for_update()
+    ).cte("member_within_budget")
+    passed = (
+        select(key_passed).where(
+            or_(~key_passed.c.member_reserves, exists(select(member_locked.c.id)))
+        )
+    ).cte("member_passed")
+    return _KeyAndMemberChecks(key_locked, key_passed, member_locked, passed)
+
+
+def _reservations_in_one_statement(checks: _KeyAndMemberChecks, gate: Any) -> list[CTE]:
+    """Return the hold's UPDATEs of its key's and member's rows, of those it locked alone."""
+    on_key = (
+        update(keys)
+        .where(keys.c.id == select(checks.key_locked.c.id).scalar_subquery(), gate)
+        .values(RESERVE_ON_KEY)
+        .returning(keys.c.window_start)
+        .cte("reserved_on_key")
+    )
+    on_member = (
+        update(memberships)
+        .where(memberships.c.id == select(checks.member_locked.c.id).scalar_subquery(), gate)
+        .values(RESERVE_ON_MEMBER)
+        .returning(memberships.c.window_start)
+        .cte("reserved_on_member")
+    )
+    return [on_key, on_member]
+
+
+def _notes_of_hold(passed: CTE, on_key: CTE, on_member: CTE) -> list[Any]:
+    """Return what the hold's row notes: its key's and member's windows, what it reserved on.
+
+    A window is as the row says once reserved on, else as it was read.
+    """
+
+    def scalar(column: Any) -> ScalarSelect:
+        return select(column).scalar_subquery()
+
+    return [
+        func.coalesce(scalar(on_key.c.window_start), scalar(passed.c.key_window)),
+        func.coalesce(scalar(on_member.c.window_start), scalar(passed.c.member_window)),
+        scalar(passed.c.key_reserves),
+        scalar(passed.c.member_reserves),
+    ]
+
+
+def _insert_hold(notes: list[Any], gate: Any) -> CTE:
+    """Return the INSERT of the hold's row, applied only through ``gate``."""
     hold_row = select(
         bindparam("hold_id", type_=String()),
         bindparam("holder_id"),
@@ -388,29 +537,11 @@ def hold_in_one_statement(
         constant(OPEN),
         bindparam("placed_at", type_=UTCDateTime()),
         bindparam("expires_at", type_=UTCDateTime()),
-        *(window if window is not None else null() for window in windows),
+        *notes,
     ).where(gate)
-    steps.append(
-        insert(holds)
-        .from_select(
-            [
-                "id",
-                "account_id",
-                "amount",
-                "api_key_id",
-                "status",
-                "created_at",
-                "expires_at",
-                "key_window_start",
-                "member_window_start",
-            ],
-            hold_row,
-        )
-        .returning(holds.c.id)
-        .cte("inserted_hold")
-    )
-    counted = [_row_count(check) for check in checks]
-    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
+    columns = ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"]
+    columns += ["key_window_start", "member_window_start", "reserved_on_key", "reserved_on_member"]
+    return insert(holds).from_select(columns, hold_row).returning(holds.c.id).cte("inserted_hold")
 
 
 def _row_count(cte: CTE) -> ScalarSelect:
@@ -435,17 +566,28 @@ def settlement_in_one_statement(
     statement needs no transaction around it.
     """
     closed = CLOSE_HOLD.returning(
-        holds.c.id, holds.c.key_window_start, holds.c.member_window_start
+        holds.c.id,
+        holds.c.key_window_start,
+        holds.c.member_window_start,
+        holds.c.reserved_on_key,
+        holds.c.reserved_on_member,
     ).cte("closed_hold")
     gate = exists(select(closed.c.id))
     debited = with_holder_id(DEBIT).where(gate).returning(accounts.c.id).cte("debited")
     steps = [closed, debited]
     if with_key:
-        # The windows as the closed row says, after any lock it waited for.
-        on_key = spend_on_key(select(closed.c.key_window_start).scalar_subquery())
+        # The windows and reservations as the closed row says, after any lock it waited for.
+        def closed_notes(column: Any) -> ScalarSelect:
+            return select(column).scalar_subquery()
+
+        on_key = spend_on_key(
+            closed_notes(closed.c.key_window_start), closed_notes(closed.c.reserved_on_key)
+        )
         spent = on_key.where(exists(select(debited.c.id))).returning(keys.c.id).cte("spent_on_key")
         steps.append(spent)
-        on_member = spend_on_member(select(closed.c.member_window_start).scalar_subquery())
+        on_member = spend_on_member(
+            closed_notes(closed.c.member_window_start), closed_notes(closed.c.reserved_on_member)
+        )
         steps.append(
             on_member.where(exists(select(spent.c.id)))
             .returning(memberships.c.id)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import bindparam, func, select, true, type_coerce
+from sqlalchemy import bindparam, false, func, select, true, type_coerce
 
 from app import budgets, sweeper
 from app.accounts import budgets as budget_admin
@@ -667,6 +667,9 @@ def account_states(account_ids: list[int]) -> dict[int, AccountState]:
 class KeyState:
     """A key's row (budget, its window's spend, reservation) beside the sums they must equal.
 
+    ``open_holds_sum`` is what its open holds that reserved on its row hold: a hold
+    reserves on a key only while it has a budget (or a rolling window).
+
     ``charged_in_window`` is what the key's requests held in its current window (worked
     out here from the window's rules, not by the ledger's statements) were charged.
     """
@@ -677,6 +680,9 @@ class KeyState:
     reserved: Decimal
     open_holds_sum: Decimal
     charged_in_window: Decimal
+    # What the key's open holds that did not reserve on its row hold: none of them may
+    # run once the key has a budget (setting one takes them over).
+    unreserved_sum: Decimal = Decimal(0)
 
     @property
     def allowance(self) -> Decimal | None:
@@ -687,11 +693,22 @@ class KeyState:
 
 
 _KEY_IDS = bindparam("key_ids", expanding=True)
-_open_on_key = (
-    select(func.coalesce(func.sum(Hold.amount), 0))
-    .where(Hold.api_key_id == ApiKey.id, Hold.status == ledger.OPEN)
-    .scalar_subquery()
-)
+
+
+def _open_on_key(reserved: bool) -> Any:
+    """The sum of the key's open holds that reserved on its row (or, False, that did not)."""
+    return type_coerce(
+        select(func.coalesce(func.sum(Hold.amount), 0))
+        .where(
+            Hold.api_key_id == ApiKey.id,
+            Hold.status == ledger.OPEN,
+            Hold.reserved_on_key.is_(true() if reserved else false()),
+        )
+        .scalar_subquery(),
+        Money(),
+    )
+
+
 _KEY_ROWS = select(
     ApiKey.id,
     ApiKey.budget,
@@ -699,7 +716,8 @@ _KEY_ROWS = select(
     ApiKey.window_start,
     ApiKey.window_spent,
     ApiKey.window_reserved,
-    type_coerce(_open_on_key, Money()),
+    _open_on_key(True),
+    _open_on_key(False),
 ).where(ApiKey.id.in_(_KEY_IDS))
 _KEY_CHARGES = (
     select(Hold.api_key_id, Hold.created_at, LedgerEntry.amount)
@@ -715,14 +733,14 @@ def key_states(key_ids: list[int], now: datetime) -> dict[int, KeyState]:
         charges[key_id].append((placed_at, -amount))
     states = {}
     rows = db.session.execute(_KEY_ROWS, {"key_ids": key_ids}).all()
-    for key_id, budget, window, stored, spent, reserved, held in rows:
+    for key_id, budget, window, stored, spent, reserved, held, unreserved in rows:
         start = budgets.current_window_start(window, stored, now)
         since = budgets.from_unix_micros(start)
         charged = sum((c for placed_at, c in charges[key_id] if placed_at >= since), Decimal(0))
         if window in budgets.ROLLING_MICROS and start != stored:
             charged = Decimal(0)  # the next request starts the window: nothing is in it yet
         spent = spent if stored == start else Decimal(0)
-        states[key_id] = KeyState(budget, window, spent, reserved, held, charged)
+        states[key_id] = KeyState(budget, window, spent, reserved, held, charged, unreserved)
     return states
 
 

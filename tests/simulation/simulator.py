@@ -1023,6 +1023,11 @@ class Simulation:
                 )
             if state.budget is None:
                 continue
+            if state.unreserved_sum:
+                yield (
+                    f"key {key.name}: has a budget, and open holds of ${state.unreserved_sum} "
+                    "that did not reserve on it"
+                )
             total = state.window_spent + held[key.name]
             excess = max(total - state.budget, Decimal(0))
             if excess > self.key_excess.get(key.name, Decimal(0)) and key is not self.limit_changed:
