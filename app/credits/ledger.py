@@ -537,20 +537,18 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         row = _with_charge(row, cost, cost)
         shape = (statement, tuple(row))
         parameters = {statements.RECORD_PREFIX + name: value for name, value in row.items()}
-    if writes.rollup is not None:
+    if writes.rollup is not None and writes.record is None:
+        # With a record, the rollup takes the record's values (statements._rollup_step).
         parameters.update(_rollup_parameters(hold, writes, cost, cost))
     now = utcnow()
     parameters.update(
         hold_id=hold.id,
-        status=SETTLED,
         holder_id=hold.account_id,
         charge=cost,
         released=hold.amount,
         key_id=hold.key_id,
         used_at=now,
-        entry_amount=-cost,
         generation_id=writes.generation_id,
-        charged_at=now,
     )
     if hold.key_id is not None:
         # The windows the key's and member's rows roll over to, if one began since.

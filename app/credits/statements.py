@@ -50,8 +50,17 @@ from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.models import ACTIVE, ApiKey
 from app.budgets import DAY, ROLLING_MICROS, WEEK
-from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry, UsageRollup
-from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime
+from app.credits.models import (
+    CHARGE,
+    NO_KEY,
+    OPEN,
+    SETTLED,
+    Account,
+    Hold,
+    LedgerEntry,
+    UsageRollup,
+)
+from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime, utc_hour
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
 rollups = UsageRollup.__table__
@@ -260,6 +269,7 @@ CLOSE_HOLD = (
     .where(holds.c.id == bindparam("hold_id"), holds.c.status == constant(OPEN))
     .values(status=bindparam("status"))
 )
+SETTLE_HOLD = CLOSE_HOLD.values(status=constant(SETTLED))
 DEBIT = (
     update(accounts)
     .where(accounts.c.id == bindparam("account_id"))
@@ -565,7 +575,7 @@ def settlement_in_one_statement(
     and is settled step by step. Nothing else can make a step miss its row, so the
     statement needs no transaction around it.
     """
-    closed = CLOSE_HOLD.returning(
+    closed = SETTLE_HOLD.returning(
         holds.c.id,
         holds.c.key_window_start,
         holds.c.member_window_start,
@@ -594,12 +604,13 @@ def settlement_in_one_statement(
             .cte("spent_on_member")
         )
     if with_entry:
+        # A charge is the negative of what was charged, at the time the key was used.
         entry_row = select(
             bindparam("holder_id"),
             constant(CHARGE),
-            bindparam("entry_amount", type_=Money()),
+            -charge,
             bindparam("generation_id", type_=String()),
-            bindparam("charged_at", type_=UTCDateTime()),
+            used_at,
         ).where(gate)
         steps.append(
             insert(entries)
@@ -610,15 +621,24 @@ def settlement_in_one_statement(
     if record is not None:
         steps.append(_record_step(*record, gate))
     if with_rollup:
-        steps.append(_rollup_step(gate))
+        steps.append(_rollup_step(gate, record[0].table if record is not None else None))
     return select(_row_count(closed), COMMIT_AS_CHOSEN).add_cte(*steps)
 
 
-def _rollup_step(gate: Any) -> CTE:
-    """Return ROLL_UP as a step of PostgreSQL's one statement, applied only through ``gate``."""
+def _rollup_step(gate: Any, record_table: Any) -> CTE:
+    """Return ROLL_UP as a step of PostgreSQL's one statement, applied only through ``gate``.
+
+    With a record (into ``record_table``, the generation's row), the record's values
+    are the rollup's too (a keyless record's under NO_KEY): they are sent once, as the
+    record's.
+    """
     names = ROLLUP_KEY + ROLLUP_SUMS
+    values = _rolled_up_record(record_table) if record_table is not None else None
     row = select(
-        *(bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type) for name in names)
+        *(
+            values[name] if values else bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type)
+            for name in names
+        )
     ).where(gate)
     upsert = postgresql.insert(rollups).from_select(list(names), row)
     upsert = upsert.on_conflict_do_update(
@@ -626,6 +646,23 @@ def _rollup_step(gate: Any) -> CTE:
         set_={name: rollups.c[name] + upsert.excluded[name] for name in ROLLUP_SUMS},
     )
     return upsert.returning(literal_column("1")).cte("rolled_up")
+
+
+def _rolled_up_record(record_table: Any) -> dict[str, Any]:
+    """Return the rollup's values as the record's parameters (the generation's row) say."""
+
+    def recorded(name: str) -> Any:
+        return bindparam(RECORD_PREFIX + name, type_=record_table.c[name].type)
+
+    values = {name: recorded(name) for name in ROLLUP_SUMS if name != "requests"}
+    values.update(
+        account_id=recorded("account_id"),
+        api_key_id=func.coalesce(recorded("api_key_id"), constant(NO_KEY)),
+        model=recorded("model"),
+        hour=utc_hour(recorded("created_at")),
+        requests=constant(1),
+    )
+    return values
 
 
 # The prefix of the record's parameters in the settlement's statement, so that they

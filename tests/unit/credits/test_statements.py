@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.credits import statements
 from app.database.driver import driver_form
 from app.extensions import db
+from app.generations.lifecycle import _INSERT_GENERATION
 
 # What a hold with a key sends: its own values and the budget windows' starts, each once.
 HOLD_PARAMETERS = {
@@ -19,6 +20,20 @@ HOLD_PARAMETERS = {
     "week_start",
     "month_start",
     "now_micros",
+}
+# What a covered settlement with a key sends beside its record: the rows' windows once.
+SETTLEMENT_PARAMETERS = {
+    "hold_id",
+    "holder_id",
+    "charge",
+    "released",
+    "key_id",
+    "used_at",
+    "generation_id",
+    "day_start",
+    "week_start",
+    "month_start",
+    "commit_waits",
 }
 
 
@@ -43,3 +58,14 @@ def test_the_steps_of_a_hold_bind_each_value_once(app_context):
         "month_start",
         "now_micros",
     }
+
+
+def test_a_settlement_with_its_record_sends_the_rollups_values_once(app_context):
+    recorded = tuple(_INSERT_GENERATION.table.c.keys())
+    record = _INSERT_GENERATION, recorded
+    settlement = statements.settlement_in_one_statement(True, True, record, True)
+    names = driver_form(settlement, db.engine.dialect, for_prepare=True).names
+    assert not [name for name in names if name.startswith(statements.ROLLUP_PREFIX)]
+    assert sorted(names) == sorted(
+        {statements.RECORD_PREFIX + name for name in recorded} | SETTLEMENT_PARAMETERS
+    )
