@@ -264,9 +264,12 @@ def reserve_on_member(within: ColumnElement[bool]) -> Update:
 
 
 INSERT_HOLD = insert(holds)
+# The open status is a parameter, not a constant: PostgreSQL could then prove the
+# sweeper's partial index of open holds usable, and a generic plan may scan every open
+# hold for the one closed, where the primary key finds it at once.
 CLOSE_HOLD = (
     update(holds)
-    .where(holds.c.id == bindparam("hold_id"), holds.c.status == constant(OPEN))
+    .where(holds.c.id == bindparam("hold_id"), holds.c.status == bindparam("open", OPEN))
     .values(status=bindparam("status"))
 )
 SETTLE_HOLD = CLOSE_HOLD.values(status=constant(SETTLED))

@@ -24,6 +24,7 @@ HOLD_PARAMETERS = {
 # What a covered settlement with a key sends beside its record: the rows' windows once.
 SETTLEMENT_PARAMETERS = {
     "hold_id",
+    "open",
     "holder_id",
     "charge",
     "released",
