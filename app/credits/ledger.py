@@ -334,17 +334,70 @@ def _reserve(
     return rows[0][0]
 
 
+class _KeysReservedOn:
+    """The keys whose last hold in this process reserved on the key's or its member's row.
+
+    Their holds go straight to the statement that reserves (hold_in_one_statement);
+    any other key's first try the one that reserves nothing (hold_without_reservations),
+    which says if a row needs a reservation after all. A key forgotten, or remembered
+    after its budget is gone, costs a round trip, never a wrong hold.
+    """
+
+    MOST = 10_000
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+
+    def __contains__(self, key_id: int) -> bool:
+        return key_id in self._ids
+
+    def note(self, key_id: int, reserved: bool) -> None:
+        """Remember whether the hold just placed with ``key_id`` reserved on a row."""
+        if not reserved:
+            self._ids.discard(key_id)
+            return
+        if len(self._ids) >= self.MOST:
+            self._ids.clear()
+        self._ids.add(key_id)
+
+
+_keys_reserved_on = _KeysReservedOn()
+
+
 def _hold_alone(hold: dict[str, Any], windows: dict[str, int], key_digest: str | None) -> str:
     """Do what _hold_steps does in one statement, alone."""
+    key_id = hold["api_key_id"]
+    if key_id is not None and key_id not in _keys_reserved_on:
+        outcome = _hold_reserving_nothing(hold, windows, key_digest)
+        if outcome is not None:
+            return outcome
     statement, parameters = hold_statement(hold, windows, key_digest)
     matched = execute_alone(statement, parameters, prepared=True)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
-    if hold["api_key_id"] is not None:
+    if key_id is not None:
         if matched[1] != 1:
             return _KEY_REFUSED
         if matched[2] != 1:
             return _MEMBER_REFUSED
+        _keys_reserved_on.note(key_id, matched[3])
+    return _HELD
+
+
+def _hold_reserving_nothing(
+    hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
+) -> str | None:
+    """Place the hold if its key and member need no reservation; None if one does."""
+    statement = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
+    parameters = _hold_parameters(hold, windows, key_digest)
+    covered, presented, placed = execute_alone(statement, parameters, prepared=True)[0][:3]
+    if covered != 1:
+        return _BALANCE_SHORT
+    if presented != 1:
+        return _KEY_REFUSED
+    if placed != 1:
+        _keys_reserved_on.note(hold["api_key_id"], True)
+        return None
     return _HELD
 
 
@@ -352,7 +405,20 @@ def hold_statement(
     hold: dict[str, Any], windows: dict[str, int], key_digest: str | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """Return the one statement placing ``hold`` (a holds row's values), and its parameters."""
-    parameters = {
+    with_key = hold["api_key_id"] is not None
+    statement = statements.hold_in_one_statement(
+        statements.ACCOUNT_COVERS,
+        statements.KEY_WITHIN_LIMIT if with_key else None,
+        statements.MEMBER_WITHIN_BUDGET if with_key else None,
+    )
+    return statement, _hold_parameters(hold, windows, key_digest)
+
+
+def _hold_parameters(
+    hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
+) -> dict[str, Any]:
+    """Return the parameters of a hold's one statement, either shape."""
+    return {
         "hold_id": hold["id"],
         "holder_id": hold["account_id"],
         "amount": hold["amount"],
@@ -362,13 +428,6 @@ def hold_statement(
         "expires_at": hold["expires_at"],
         **windows,
     }
-    with_key = hold["api_key_id"] is not None
-    statement = statements.hold_in_one_statement(
-        statements.ACCOUNT_COVERS,
-        statements.KEY_WITHIN_LIMIT if with_key else None,
-        statements.MEMBER_WITHIN_BUDGET if with_key else None,
-    )
-    return statement, parameters
 
 
 def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> BudgetShortfall:

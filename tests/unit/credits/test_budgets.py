@@ -16,7 +16,7 @@ from app.accounts.keys import create_key
 from app.accounts.models import MEMBER, Membership, Person
 from app.auth.models import ApiKey
 from app.budgets import unix_micros
-from app.credits import ledger
+from app.credits import ledger, statements
 from app.credits.models import Hold
 from app.extensions import db
 from app.generations.audit import audit_ledger
@@ -451,4 +451,36 @@ def test_the_audit_finds_a_reservation_its_hold_did_not_make(app_context, clock)
     db.session.execute(update(Hold).where(Hold.id == held.id).values(reserved_on_key=False))
     db.session.commit()
     ledger.settle_hold(held, cost=Decimal("0"), generation_id=held.id)
+    assert_audit_clean(account.id)
+
+
+def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock, monkeypatch):
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("a hold is one statement on PostgreSQL, in one of two shapes")
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="shapes").id
+    without = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
+    sent = []
+    execute_alone = ledger.execute_alone
+
+    def noting(statement, parameters, **options):
+        sent.append("without" if statement is without else "reserving")
+        return execute_alone(statement, parameters, **options)
+
+    monkeypatch.setattr(ledger, "execute_alone", noting)
+
+    def shapes_of_a_hold() -> list[str]:
+        sent.clear()
+        spend(account, key_id, "0.01", "g-shape")
+        return list(sent)
+
+    assert shapes_of_a_hold() == ["without"]
+    set_key_budget(key_id, amount=Decimal("1"), window="day")
+    # Its budget found, the key's holds go straight to the statement that reserves.
+    assert shapes_of_a_hold() == ["without", "reserving"]
+    assert shapes_of_a_hold() == ["reserving"]
+    set_key_budget(key_id, amount=None, window="day")
+    assert shapes_of_a_hold() == ["reserving"]
+    assert shapes_of_a_hold() == ["without"]
+    assert counters(key_id)[1] == 0
     assert_audit_clean(account.id)
