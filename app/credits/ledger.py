@@ -387,18 +387,17 @@ def _hold_alone(hold: dict[str, Any], windows: dict[str, int], key_digest: str |
 def _hold_reserving_nothing(
     hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
 ) -> str | None:
-    """Place the hold if its key and member need no reservation; None if one does."""
+    """Place the hold if its key and member need no reservation.
+
+    Return how it ended; None if the key or member did not let it, for the statement
+    that reserves to say why (it checks the balance first, as the steps do) or hold.
+    """
     statement = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
     parameters = _hold_parameters(hold, windows, key_digest)
-    covered, presented, placed = execute_alone(statement, parameters, prepared=True)[0][:3]
-    if covered != 1:
-        return _BALANCE_SHORT
-    if presented != 1:
-        return _KEY_REFUSED
-    if placed != 1:
-        _keys_reserved_on.note(hold["api_key_id"], True)
-        return None
-    return _HELD
+    placed, passed = execute_alone(statement, parameters, prepared=True)[0][:2]
+    if placed == 1:
+        return _HELD
+    return _BALANCE_SHORT if passed == 1 else None
 
 
 def hold_statement(

@@ -60,7 +60,14 @@ from app.credits.models import (
     LedgerEntry,
     UsageRollup,
 )
-from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime, utc_hour
+from app.database import (
+    COMMIT_AS_CHOSEN,
+    COMMIT_WITHOUT_WAITING,
+    Money,
+    UTCDateTime,
+    later_of,
+    utc_hour,
+)
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
 rollups = UsageRollup.__table__
@@ -108,7 +115,7 @@ def calendar_window_start(rows: TableClause) -> ColumnElement[int]:
         (rows.c.budget_window == constant(WEEK), bindparam("week_start", type_=BigInteger())),
         else_=bindparam("month_start", type_=BigInteger()),
     )
-    return case((rows.c.window_start > start, rows.c.window_start), else_=start)
+    return later_of(rows.c.window_start, start)
 
 
 def rolling(rows: TableClause) -> ColumnElement[bool]:
@@ -273,17 +280,16 @@ CLOSE_HOLD = (
     .values(status=bindparam("status"))
 )
 SETTLE_HOLD = CLOSE_HOLD.values(status=constant(SETTLED))
-DEBIT = (
-    update(accounts)
-    .where(accounts.c.id == bindparam("account_id"))
-    .values(
-        balance=accounts.c.balance - bindparam("charge", type_=Money()),
-        reserved=accounts.c.reserved - bindparam("released", type_=Money()),
-    )
-)
+DEBIT_AND_RELEASE = {
+    accounts.c.balance: accounts.c.balance - charge,
+    accounts.c.reserved: accounts.c.reserved - released,
+}
+DEBIT = update(accounts).where(ACCOUNT_ROW).values(DEBIT_AND_RELEASE)
 
 
-def spend_on_key(held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]) -> Update:
+def spend_on_key(
+    held_in: ColumnElement[Any], reserved_here: ColumnElement[bool], row: Any = KEY_ROW
+) -> Update:
     """Return a settlement's UPDATE of the key: reservation to the spend of ``held_in``.
 
     It records the key's use too: the one write of the key's row a request makes when
@@ -291,15 +297,17 @@ def spend_on_key(held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]
     """
     return (
         update(keys)
-        .where(KEY_ROW)
+        .where(row)
         .values({**spend_in_window(keys, held_in, reserved_here), keys.c.last_used_at: used_at})
     )
 
 
-def spend_on_member(held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]) -> Update:
+def spend_on_member(
+    held_in: ColumnElement[Any], reserved_here: ColumnElement[bool], row: Any = KEYS_MEMBER
+) -> Update:
     """Return a settlement's UPDATE of the key's member: reservation to the spend of ``held_in``."""
     changes = spend_in_window(memberships, held_in, reserved_here)
-    return update(memberships).where(KEYS_MEMBER).values(changes)
+    return update(memberships).where(row).values(changes)
 
 
 # A settlement moves the key's and its member's reservations to the spend of the windows
@@ -464,25 +472,24 @@ def hold_in_one_statement(
 def hold_without_reservations(covers: ColumnElement[bool]) -> Select:
     """Build PostgreSQL's hold with a key whose row and member's row are not reserved on.
 
-    The hold_in_one_statement of a key and member without budgets, without the locks
-    and UPDATEs it would not run: PostgreSQL sets up every part of a statement it
+    hold_in_one_statement for a key and member without budgets, without the locks and
+    UPDATEs it would not run: PostgreSQL sets up every part of a statement it
     executes, run or not, and those of the rows' reservations were a third of the
     hold's work. The key is read as presented, and its member, neither locked nor
-    written. The SELECT says whether the account covered the amount, whether the key
-    is as presented, and whether the hold was placed: not if either row is reserved on
-    (reserves_on), which hold_in_one_statement then does.
+    written; the account's reservation is the one guarded change, as conditional as
+    on SQLite, and the hold's row is written only with it. The SELECT says whether the
+    hold was placed, and whether the key and member let it be: if not (the key is not
+    as presented, or a row is reserved on), hold_in_one_statement says why, or holds.
     """
-    covering = (
-        select(accounts.c.id).where(with_holder_id(ACCOUNT_ROW), covers).with_for_update()
-    ).cte("covering_account")
-    presented = KEY_AND_MEMBER_TO_HOLD.where(exists(select(covering.c.id))).cte("key_as_presented")
+    presented = KEY_AND_MEMBER_TO_HOLD.cte("key_as_presented")
     passed = (select(presented).where(~presented.c.key_reserves, ~presented.c.member_reserves)).cte(
         "nothing_to_reserve"
     )
-    gate = exists(select(passed.c.id))
+    holder_id = bindparam("holder_id", type_=Integer())
+    holder = select(holder_id).select_from(passed).scalar_subquery()
     reserved = (
         update(accounts)
-        .where(with_holder_id(ACCOUNT_ROW), gate)
+        .where(accounts.c.id == holder, covers)
         .values(RESERVE_ON_ACCOUNT)
         .returning(accounts.c.id)
         .cte("reserved")
@@ -493,8 +500,9 @@ def hold_without_reservations(covers: ColumnElement[bool]) -> Select:
         false(),
         false(),
     ]
-    counted = [_row_count(check) for check in (covering, presented, passed)]
-    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(reserved, _insert_hold(notes, gate))
+    placed = _insert_hold(notes, exists(select(reserved.c.id)))
+    counted = [_row_count(reserved), _row_count(passed)]
+    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(placed)
 
 
 @dataclass(frozen=True)
@@ -621,32 +629,47 @@ def settlement_in_one_statement(
     """
     closed = SETTLE_HOLD.returning(
         holds.c.id,
+        holds.c.account_id,
         holds.c.key_window_start,
         holds.c.member_window_start,
         holds.c.reserved_on_key,
         holds.c.reserved_on_member,
     ).cte("closed_hold")
     gate = exists(select(closed.c.id))
-    debited = with_holder_id(DEBIT).where(gate).returning(accounts.c.id).cte("debited")
+
+    def closed_notes(column: Any) -> ScalarSelect:
+        return select(column).scalar_subquery()
+
+    # Each row is found through the step before, which takes the rows in order and
+    # applies none of them if the hold was not open (its row id is then NULL).
+    debited = (
+        update(accounts)
+        .where(accounts.c.id == closed_notes(closed.c.account_id))
+        .values(DEBIT_AND_RELEASE)
+        .returning(accounts.c.id)
+        .cte("debited")
+    )
     steps = [closed, debited]
     if with_key:
         # The windows and reservations as the closed row says, after any lock it waited for.
-        def closed_notes(column: Any) -> ScalarSelect:
-            return select(column).scalar_subquery()
-
-        on_key = spend_on_key(
-            closed_notes(closed.c.key_window_start), closed_notes(closed.c.reserved_on_key)
+        key_id = bindparam("key_id", type_=Integer())
+        key_after_debit = select(key_id).select_from(debited).scalar_subquery()
+        spent = (
+            spend_on_key(
+                closed_notes(closed.c.key_window_start),
+                closed_notes(closed.c.reserved_on_key),
+                keys.c.id == key_after_debit,
+            )
+            .returning(keys.c.member_id)
+            .cte("spent_on_key")
         )
-        spent = on_key.where(exists(select(debited.c.id))).returning(keys.c.id).cte("spent_on_key")
         steps.append(spent)
         on_member = spend_on_member(
-            closed_notes(closed.c.member_window_start), closed_notes(closed.c.reserved_on_member)
+            closed_notes(closed.c.member_window_start),
+            closed_notes(closed.c.reserved_on_member),
+            memberships.c.id == closed_notes(spent.c.member_id),
         )
-        steps.append(
-            on_member.where(exists(select(spent.c.id)))
-            .returning(memberships.c.id)
-            .cte("spent_on_member")
-        )
+        steps.append(on_member.returning(memberships.c.id).cte("spent_on_member"))
     if with_entry:
         # A charge is the negative of what was charged, at the time the key was used.
         entry_row = select(

@@ -77,7 +77,6 @@ def answered(
     return message
 
 
-
 class RelayedStream(DeliveryMeter):
     """Reads a passed-through stream's events as they come: its meter, and its writer.
 

@@ -166,7 +166,6 @@ def answered_whole(
     return answered
 
 
-
 def delivery_meter(generation: Generation) -> DeliveryMeter:
     """Return a meter of what ``generation`` delivers, counted as its first route counts."""
     return DeliveryMeter(
