@@ -447,11 +447,11 @@ def hold_in_one_statement(
         checks = _key_and_member_checks(covering, within_limit, member_within)
         passed += [checks.key_passed, checks.passed]
     gate = exists(select(passed[-1].c.id))
+    # The steps nothing refers to return nothing: PostgreSQL runs them all the same.
     steps = [
         update(accounts)
         .where(with_holder_id(ACCOUNT_ROW), gate)
         .values(RESERVE_ON_ACCOUNT)
-        .returning(accounts.c.id)
         .cte("reserved")
     ]
     notes: list[Any] = [null(), null(), false(), false()]
@@ -603,7 +603,7 @@ def _insert_hold(notes: list[Any], gate: Any) -> CTE:
     ).where(gate)
     columns = ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"]
     columns += ["key_window_start", "member_window_start", "reserved_on_key", "reserved_on_member"]
-    return insert(holds).from_select(columns, hold_row).returning(holds.c.id).cte("inserted_hold")
+    return insert(holds).from_select(columns, hold_row).cte("inserted_hold")
 
 
 def _row_count(cte: CTE) -> ScalarSelect:
@@ -669,7 +669,7 @@ def settlement_in_one_statement(
             closed_notes(closed.c.reserved_on_member),
             memberships.c.id == closed_notes(spent.c.member_id),
         )
-        steps.append(on_member.returning(memberships.c.id).cte("spent_on_member"))
+        steps.append(on_member.cte("spent_on_member"))
     if with_entry:
         # A charge is the negative of what was charged, at the time the key was used.
         entry_row = select(
@@ -682,7 +682,6 @@ def settlement_in_one_statement(
         steps.append(
             insert(entries)
             .from_select(["account_id", "kind", "amount", "generation_id", "created_at"], entry_row)
-            .returning(entries.c.id)
             .cte("charge_entry")
         )
     if record is not None:
@@ -712,7 +711,7 @@ def _rollup_step(gate: Any, record_table: Any) -> CTE:
         index_elements=list(ROLLUP_KEY),
         set_={name: rollups.c[name] + upsert.excluded[name] for name in ROLLUP_SUMS},
     )
-    return upsert.returning(literal_column("1")).cte("rolled_up")
+    return upsert.cte("rolled_up")
 
 
 def _rolled_up_record(record_table: Any) -> dict[str, Any]:
@@ -742,4 +741,4 @@ def _record_step(statement: Insert, names: tuple[str, ...], gate: Any) -> CTE:
     row = select(
         *(bindparam(RECORD_PREFIX + name, type_=statement.table.c[name].type) for name in names)
     ).where(gate)
-    return statement.from_select(list(names), row).returning(literal_column("1")).cte("record")
+    return statement.from_select(list(names), row).cte("record")
