@@ -4,13 +4,31 @@ The ledger holds every request to them (``app.credits.ledger``); this module onl
 changes them. A budget whose window changes starts counting the new window from what
 its keys' requests placed in it so far were charged (and will be, for those still
 running); a ``5h`` window starts with the next request.
+
+A hold reserves on a key's or member's row only while it has a budget (or a rolling
+window), and notes whether it did (``Hold.reserved_on_key``, ``reserved_on_member``);
+what ends it gives back exactly what it noted, so the counters stay exact whatever
+changes meanwhile:
+
+- A budget set on a row takes over the holds of its keys' running requests that did
+  not reserve on it (``take_over_open_holds``): their amounts join its
+  ``window_reserved`` and they are noted as reserved there, so that new requests leave
+  room for them, as if the row had always been reserved on. On PostgreSQL a hold
+  placed while the budget is being set (its statement read the row before the budget
+  was committed, and committed after the holds were taken over) is not taken over: it
+  releases nothing when it ends, and its charge counts in the window's spend like any
+  other, so the budget can be passed by at most what such holds are charged.
+- A budget removed leaves the reservations of the holds that made them: each is
+  released when its hold ends, and ``window_reserved`` is back at zero once none of
+  them runs. New holds no longer reserve on the row.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import func, select, true, update
+from sqlalchemy import false, func, select, true, update
 
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
@@ -51,6 +69,7 @@ def set_key_budget(
     :raise KeyNotFound: no key has ``key_id`` (of the organisation ``account_id``, if given).
     """
     amount, window = checked_budget_amount(amount), checked_window(window)
+    taken_over = take_over_open_holds(Hold.reserved_on_key, [key_id], amount)
     key = db.session.scalar(
         select(ApiKey)
         .where(ApiKey.id == key_id, ApiKey.state != DELETED)
@@ -60,7 +79,7 @@ def set_key_budget(
     if key is None:
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
-    apply_budget(key, amount, window, [key.id])
+    apply_budget(key, amount, window, [key.id], taken_over)
     _record(actor, key.account_id, f"key:{key.id}", amount, window)
     db.session.commit()
     forget_remembered_callers()
@@ -79,14 +98,15 @@ def set_member_budget(
     :raise KeyNotFound: no member has ``member_id``.
     """
     amount, window = checked_budget_amount(amount), checked_window(window)
+    key_ids = list(db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)))
+    taken_over = take_over_open_holds(Hold.reserved_on_member, key_ids, amount)
     member = db.session.scalar(
         select(Membership).where(Membership.id == member_id).with_for_update()
     )
     if member is None:
         db.session.rollback()
         raise KeyNotFound(f"no member with id {member_id}")
-    key_ids = db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)).all()
-    apply_budget(member, amount, window, list(key_ids))
+    apply_budget(member, amount, window, key_ids, taken_over)
     _record(actor, member.account_id, f"member:{member.id}", amount, window)
     db.session.commit()
     return member
@@ -100,11 +120,38 @@ def _record(
     record_change(actor, account_id, "budget.set", subject, detail)
 
 
+def take_over_open_holds(reserved_on: Any, key_ids: list[int], amount: Decimal | None) -> Decimal:
+    """Note the open holds of ``key_ids`` as reserved on a row given a budget; return their sum.
+
+    apply_budget adds the sum to the row's ``window_reserved``. ``reserved_on`` is the
+    note (``Hold.reserved_on_key`` or ``reserved_on_member``). Nothing is taken over
+    for a budget removed (``amount`` None). Run before the row is locked: a settlement
+    takes a hold's row before its key's and member's, so the holds' rows must be taken
+    first here too, or the two could wait on each other.
+    """
+    if amount is None or not key_ids:
+        return Decimal(0)
+    taken = db.session.scalars(
+        update(Hold)
+        .where(Hold.api_key_id.in_(key_ids), Hold.status == OPEN, reserved_on.is_(false()))
+        .values({reserved_on: True})
+        .returning(Hold.amount)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return sum(taken, Decimal(0))
+
+
 def apply_budget(
-    row: BudgetCounters, amount: Decimal | None, window: str, key_ids: list[int]
+    row: BudgetCounters,
+    amount: Decimal | None,
+    window: str,
+    key_ids: list[int],
+    taken_over: Decimal = Decimal(0),
 ) -> None:
     """Set ``row``'s budget (its row locked); a new window counts what ``key_ids`` spent in it.
 
+    ``taken_over`` is what the holds take_over_open_holds noted as reserved on the row
+    sum to: it joins the row's ``window_reserved``, where their ends will release it.
     The holds of ``key_ids`` placed in the new calendar window are noted as counted in
     it (``key_window_start`` or ``member_window_start``, as ``row`` is a key or a
     member): the settled ones' charges are its spend so far, the open ones' will be when
@@ -112,6 +159,8 @@ def apply_budget(
     the opposite order: PostgreSQL ends such a deadlock, and the settlement tries again.
     """
     row.budget = amount
+    if taken_over:
+        row.window_reserved = type(row).window_reserved + taken_over
     if window == row.budget_window:
         return
     row.budget_window = window

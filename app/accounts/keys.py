@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from sqlalchemy import select, update
 
-from app.accounts.budgets import apply_budget, checked_budget_amount
+from app.accounts.budgets import apply_budget, checked_budget_amount, take_over_open_holds
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.models import Membership
@@ -22,6 +22,7 @@ from app.auth.keys import DISPLAY_LENGTH, digest_key, forget_remembered_callers,
 from app.auth.models import ACTIVE, DELETED, REVOKED, ApiKey
 from app.budgets import MONTH
 from app.catalog.registry import current_catalog
+from app.credits.models import Hold
 from app.extensions import db
 
 
@@ -110,7 +111,8 @@ def update_key_limits(
 ) -> ApiKey:
     """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
 
-    Every hold and charge is kept on the key's row (see ``app.credits.ledger``), so a
+    Every charge is kept on the key's row (see ``app.credits.ledger``), and a limit set
+    takes over the holds of the key's running requests (app.accounts.budgets), so a
     limit set in the middle of a month counts what was already spent and what the key's
     running requests hold.
 
@@ -119,6 +121,7 @@ def update_key_limits(
     """
     models = checked_permitted_models(permitted_models)
     limit = checked_budget_amount(monthly_limit, "the monthly limit")
+    taken_over = take_over_open_holds(Hold.reserved_on_key, [key_id], limit)
     key = db.session.scalar(
         select(ApiKey).where(ApiKey.id == key_id, ApiKey.state != DELETED).with_for_update()
     )
@@ -126,7 +129,7 @@ def update_key_limits(
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
     key.permitted_models = models
-    apply_budget(key, limit, MONTH, [key.id])
+    apply_budget(key, limit, MONTH, [key.id], taken_over)
     _record(actor, key, "key.limits", {"permitted_models": models, "monthly_limit": _text(limit)})
     db.session.commit()
     forget_remembered_callers()

@@ -5,15 +5,21 @@ The invariants: an account's ``balance`` equals the sum of its ledger entries; i
 zero. Every change to a balance is a conditional UPDATE plus a ledger INSERT committed
 together, so concurrent requests cannot overspend and no charge is lost or doubled.
 
-Every hold is also reserved on its key's row and on its key's member's, and settlement
-moves those reservations to the spend of the budget windows the hold was placed in
-(app.budgets), so that the ``window_spent`` and ``window_reserved`` of keys and members
-are exact at all times, whether they have a budget or not. A key or member with a
-budget is held to it the same way as an account to its balance: its hold's reservation
-is conditional on the window's spend plus what its open holds reserve staying within the
-budget; a budget put on a key in use counts its running requests' holds from that
-moment. Rows are taken account first, then key, then member, so that two transactions
-never wait on each other's.
+A key or member with a budget is held to it the same way as an account to its balance:
+a hold is also reserved on its row, conditional on the window's spend plus what its
+open holds reserve staying within the budget, and settlement moves that reservation to
+the spend of the budget window the hold was placed in (app.budgets). A key or member
+without a budget is only read by a hold (the key as its caller presented it): a
+reservation there would protect nothing, and writing the row on every hold doubled its
+writes. The settlement counts every charge in the row's window all the same, so that
+``window_spent`` is exact whether the row has a budget or not, and a budget set later
+starts from the window's true spend. Each hold notes whether it reserved on its key
+and on its member, and whatever ends it (settlement, expiry) releases exactly that, so
+that ``window_reserved`` is the sum of the open holds that reserved on the row; a
+budget put on a row in use takes over its running requests' holds from that moment
+(app.accounts.budgets says how budgets set or removed meanwhile are counted). Rows are
+taken account first, then key, then member, so that two transactions never wait on
+each other's.
 
 Each write is offered to the database in two shapes built from the same guards
 (``app.credits.statements``): its steps, run in one transaction, and, where it can be,
@@ -58,6 +64,7 @@ from app.database import (
     execute_durably,
     execute_on_driver,
     failure_reason,
+    fetch_on_driver,
     utcnow,
     write_transaction,
 )
@@ -232,6 +239,8 @@ def place_hold(
         "expires_at": now + timedelta(seconds=ttl_seconds),
         "key_window_start": None,
         "member_window_start": None,
+        "reserved_on_key": False,
+        "reserved_on_member": False,
     }
     windows = window_parameters(now)
     outcome = _try_hold(hold, windows, key_digest)
@@ -287,62 +296,137 @@ def _hold_steps(
 def _reserve_on_key_and_member(
     connection: Connection, hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
 ) -> None:
-    """Reserve the hold on its key and its member, within their budgets; note their windows."""
-    parameters = {"key_id": hold["api_key_id"], "amount": hold["amount"], **windows}
-    on_key = execute_on_driver(
-        connection,
-        statements.reserve_on_key(statements.KEY_WITHIN_LIMIT),
-        {**parameters, "key_digest": key_digest},
+    """Reserve the hold on its key and its member where they have budgets; note their windows.
+
+    A row without a budget (statements.reserves_on) is only read: its window is noted,
+    and its reservation left out, as the hold's row says.
+    """
+    parameters = {"key_id": hold["api_key_id"], **windows}
+    rows = fetch_on_driver(
+        connection, statements.KEY_AND_MEMBER_TO_HOLD, {**parameters, "key_digest": key_digest}
     )
-    if on_key != 1:
+    if not rows:
         raise _HoldRefused(_KEY_REFUSED)
-    on_member = execute_on_driver(
-        connection, statements.reserve_on_member(statements.MEMBER_WITHIN_BUDGET), parameters
-    )
-    if on_member != 1:
-        raise _HoldRefused(_MEMBER_REFUSED)
-    key_window, member_window = connection.execute(
-        statements.HOLD_WINDOWS, {"key_id": hold["api_key_id"]}
-    ).one()
-    hold.update(key_window_start=key_window, member_window_start=member_window)
+    read = rows[0]
+    hold.update(key_window_start=read.key_window, member_window_start=read.member_window)
+    parameters["amount"] = hold["amount"]
+    if read.key_reserves:
+        on_key = statements.reserve_on_key(statements.KEY_WITHIN_LIMIT)
+        on_key_parameters = {**parameters, "key_digest": key_digest}
+        hold["key_window_start"] = _reserve(connection, on_key, on_key_parameters, _KEY_REFUSED)
+        hold["reserved_on_key"] = True
+    if read.member_reserves:
+        on_member = statements.reserve_on_member(statements.MEMBER_WITHIN_BUDGET)
+        hold["member_window_start"] = _reserve(connection, on_member, parameters, _MEMBER_REFUSED)
+        hold["reserved_on_member"] = True
+
+
+def _reserve(
+    connection: Connection, statement: Any, parameters: dict[str, Any], refused: str
+) -> int:
+    """Run a reservation on a key or a member; return the start of the window it counts in.
+
+    :raise _HoldRefused: with ``refused``, when the row's guard did not let it.
+    """
+    rows = fetch_on_driver(connection, statement, parameters)
+    if not rows:
+        raise _HoldRefused(refused)
+    return rows[0][0]
+
+
+class _KeysReservedOn:
+    """The keys whose last hold in this process reserved on the key's or its member's row.
+
+    Their holds go straight to the statement that reserves (hold_in_one_statement);
+    any other key's first try the one that reserves nothing (hold_without_reservations),
+    which says if a row needs a reservation after all. A key forgotten, or remembered
+    after its budget is gone, costs a round trip, never a wrong hold.
+    """
+
+    MOST = 10_000
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+
+    def __contains__(self, key_id: int) -> bool:
+        return key_id in self._ids
+
+    def note(self, key_id: int, reserved: bool) -> None:
+        """Remember whether the hold just placed with ``key_id`` reserved on a row."""
+        if not reserved:
+            self._ids.discard(key_id)
+            return
+        if len(self._ids) >= self.MOST:
+            self._ids.clear()
+        self._ids.add(key_id)
+
+
+_keys_reserved_on = _KeysReservedOn()
 
 
 def _hold_alone(hold: dict[str, Any], windows: dict[str, int], key_digest: str | None) -> str:
     """Do what _hold_steps does in one statement, alone."""
+    key_id = hold["api_key_id"]
+    if key_id is not None and key_id not in _keys_reserved_on:
+        outcome = _hold_reserving_nothing(hold, windows, key_digest)
+        if outcome is not None:
+            return outcome
     statement, parameters = hold_statement(hold, windows, key_digest)
     matched = execute_alone(statement, parameters, prepared=True)[0]
     if matched[0] != 1:
         return _BALANCE_SHORT
-    if hold["api_key_id"] is not None:
+    if key_id is not None:
         if matched[1] != 1:
             return _KEY_REFUSED
         if matched[2] != 1:
             return _MEMBER_REFUSED
+        _keys_reserved_on.note(key_id, matched[3])
     return _HELD
+
+
+def _hold_reserving_nothing(
+    hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
+) -> str | None:
+    """Place the hold if its key and member need no reservation.
+
+    Return how it ended; None if the key or member did not let it, for the statement
+    that reserves to say why (it checks the balance first, as the steps do) or hold.
+    """
+    statement = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
+    parameters = _hold_parameters(hold, windows, key_digest)
+    placed, passed = execute_alone(statement, parameters, prepared=True)[0][:2]
+    if placed == 1:
+        return _HELD
+    return _BALANCE_SHORT if passed == 1 else None
 
 
 def hold_statement(
     hold: dict[str, Any], windows: dict[str, int], key_digest: str | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """Return the one statement placing ``hold`` (a holds row's values), and its parameters."""
-    parameters = {
-        "hold_id": hold["id"],
-        "holder_id": hold["account_id"],
-        "amount": hold["amount"],
-        "key_id": hold["api_key_id"],
-        "key_digest": key_digest,
-        "status": hold["status"],
-        "placed_at": hold["created_at"],
-        "expires_at": hold["expires_at"],
-        **windows,
-    }
     with_key = hold["api_key_id"] is not None
     statement = statements.hold_in_one_statement(
         statements.ACCOUNT_COVERS,
         statements.KEY_WITHIN_LIMIT if with_key else None,
         statements.MEMBER_WITHIN_BUDGET if with_key else None,
     )
-    return statement, parameters
+    return statement, _hold_parameters(hold, windows, key_digest)
+
+
+def _hold_parameters(
+    hold: dict[str, Any], windows: dict[str, int], key_digest: str | None
+) -> dict[str, Any]:
+    """Return the parameters of a hold's one statement, either shape."""
+    return {
+        "hold_id": hold["id"],
+        "holder_id": hold["account_id"],
+        "amount": hold["amount"],
+        "key_id": hold["api_key_id"],
+        "key_digest": key_digest,
+        "placed_at": hold["created_at"],
+        "expires_at": hold["expires_at"],
+        **windows,
+    }
 
 
 def _key_shortfall(key_id: int, key_digest: str | None, amount: Decimal) -> BudgetShortfall:
@@ -384,8 +468,8 @@ def settle_hold(
     A cost above the hold (or a hold that expired meanwhile) is charged as far as the
     balance and the budgets of the key and its member allow, never below zero or past a
     budget; what is left unpaid is logged, and is the record's shortfall. A hold placed
-    on a key moves from the reservations of the key and its member to the spend of the
-    windows it was placed in, and the key is recorded as used.
+    on a key gives back what it reserved on the key and its member, its charge counts
+    in the windows it was placed in, and the key is recorded as used.
 
     A settlement is never given up for a database that does not answer: it is tried
     again, on another connection, until it commits (or the process ends, and the sweeper
@@ -511,22 +595,22 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         row = _with_charge(row, cost, cost)
         shape = (statement, tuple(row))
         parameters = {statements.RECORD_PREFIX + name: value for name, value in row.items()}
-    if writes.rollup is not None:
+    if writes.rollup is not None and writes.record is None:
+        # With a record, the rollup takes the record's values (statements._rollup_step).
         parameters.update(_rollup_parameters(hold, writes, cost, cost))
     now = utcnow()
     parameters.update(
         hold_id=hold.id,
-        status=SETTLED,
         holder_id=hold.account_id,
         charge=cost,
         released=hold.amount,
         key_id=hold.key_id,
         used_at=now,
-        kind=CHARGE,
-        entry_amount=-cost,
         generation_id=writes.generation_id,
-        charged_at=now,
     )
+    if hold.key_id is not None:
+        # The windows the key's and member's rows roll over to, if one began since.
+        parameters.update(window_parameters(now))
     statement = statements.settlement_in_one_statement(
         hold.key_id is not None, cost > 0, shape, writes.rollup is not None
     )
@@ -554,6 +638,7 @@ def _settle_steps(
     )
     if hold.key_id is not None:
         spent = {"hold_id": hold.id, "key_id": hold.key_id, "charge": charge, "released": reserved}
+        spent.update(window_parameters(now))
         execute_on_driver(connection, statements.SPEND_ON_KEY, {**spent, "used_at": now})
         execute_on_driver(connection, statements.SPEND_ON_MEMBER, spent)
     if charge > 0:
@@ -622,13 +707,24 @@ def _payable(connection: Connection, hold: HeldCredit, cost: Decimal, reserved: 
     The rows are locked, account first, so that the room read is the room charged.
     """
     room = max(account_money(hold.account_id, connection=connection).available, Decimal(0))
-    if hold.key_id is not None:
-        key = key_money(hold.key_id, connection=connection)
-        member = member_money(hold.key_id, connection=connection)
-        for allowance in (key and key.allowance, member and member.allowance):
-            if allowance is not None:
-                room = min(room, allowance)
-    return min(cost, reserved + room)
+    payable = min(cost, reserved + room)
+    if hold.key_id is None:
+        return payable
+    # A budget's room is what it allows beyond what the hold reserved on its row; a row
+    # the hold did not reserve on (it had no budget when the hold was placed) allows it
+    # nothing of the hold's own.
+    on_key, on_member = (False, False)
+    if reserved:
+        on_key, on_member = connection.execute(
+            statements.HOLD_RESERVATIONS, {"hold_id": hold.id}
+        ).one()
+    key = key_money(hold.key_id, connection=connection)
+    member = member_money(hold.key_id, connection=connection)
+    for money, reserved_on in ((key, on_key), (member, on_member)):
+        allowance = money and money.allowance
+        if allowance is not None:
+            payable = min(payable, (reserved if reserved_on else 0) + allowance)
+    return payable
 
 
 def extend_holds(hold_ids: Sequence[str], *, ttl_seconds: int) -> int:
@@ -708,7 +804,7 @@ def _expire(connection: Connection, hold: HeldCredit) -> int:
         {"account_id": hold.account_id, "charge": 0, "released": hold.amount},
     )
     if hold.key_id is not None:
-        released = {"key_id": hold.key_id, "amount": hold.amount}
+        released = {"hold_id": hold.id, "key_id": hold.key_id, "amount": hold.amount}
         execute_on_driver(connection, statements.RELEASE_ON_KEY, released)
         execute_on_driver(connection, statements.RELEASE_ON_MEMBER, released)
     return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -12,6 +13,7 @@ from sqlalchemy import (
     SmallInteger,
     String,
     text,
+    true,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -101,9 +103,10 @@ class Hold(db.Model):
 
     A hold is open until the request settles (``settled``) or until it expires because
     the worker serving it died (``expired``); only open holds count in
-    ``Account.reserved``. ``api_key_id`` names the limited key the hold also reserved
-    against (see ``ApiKey``), so that settling or expiring it releases that too; it is no
-    foreign key, since holds outlive the keys they were placed with.
+    ``Account.reserved``. ``api_key_id`` names the key the hold was placed with, on
+    whose row (and its member's) it may also have reserved, so that settling or expiring
+    it releases that too; it is no foreign key, since holds outlive the keys they were
+    placed with.
     """
 
     __tablename__ = "holds"
@@ -131,6 +134,16 @@ class Hold(db.Model):
     # (app.budgets): its charge counts in those windows, even if it settles in the next.
     key_window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     member_window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Whether the hold's amount is in its key's and its member's ``window_reserved``:
+    # only a row that has a budget (or a rolling window) is reserved on, and a budget
+    # set later takes over the holds already open (app.accounts.budgets). What ends the
+    # hold gives back exactly what it notes.
+    reserved_on_key: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=True, server_default=true()
+    )
+    reserved_on_member: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=True, server_default=true()
+    )
 
 
 # The key a rollup of charges made without a key is filed under: rows of a unique key

@@ -14,6 +14,7 @@ would SET every column named by a parameter of the execution.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -32,6 +33,7 @@ from sqlalchemy import (
     case,
     column,
     exists,
+    false,
     func,
     insert,
     literal_column,
@@ -48,8 +50,24 @@ from sqlalchemy.sql.visitors import replacement_traverse
 
 from app.auth.models import ACTIVE, ApiKey
 from app.budgets import DAY, ROLLING_MICROS, WEEK
-from app.credits.models import OPEN, Account, Hold, LedgerEntry, UsageRollup
-from app.database import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, Money, UTCDateTime
+from app.credits.models import (
+    CHARGE,
+    NO_KEY,
+    OPEN,
+    SETTLED,
+    Account,
+    Hold,
+    LedgerEntry,
+    UsageRollup,
+)
+from app.database import (
+    COMMIT_AS_CHOSEN,
+    COMMIT_WITHOUT_WAITING,
+    Money,
+    UTCDateTime,
+    later_of,
+    utc_hour,
+)
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
 rollups = UsageRollup.__table__
@@ -70,31 +88,79 @@ charge = bindparam("charge", type_=Money())
 released = bindparam("released", type_=Money())
 
 
+def constant(value: str | int) -> ColumnElement[Any]:
+    """Return ``value`` written into a statement's text: a constant, not a parameter.
+
+    A parameter is sent and bound on every execution, and on PostgreSQL each one is
+    parsed and evaluated from the EXECUTE's text; a window's name or a length never
+    changes. Only for the module's own constants, never for a value from outside.
+    """
+    if isinstance(value, str):
+        return literal_column(f"'{value}'", String())
+    return literal_column(str(int(value)), BigInteger())
+
+
+ZERO = constant(0)
+
+
+def calendar_window_start(rows: TableClause) -> ColumnElement[int]:
+    """Return the start of ``rows``' calendar window at the statement's time.
+
+    The calendar windows' starts are parameters (app.budgets.window_parameters). A
+    window never goes back: a statement whose time was read just before a boundary
+    that another has crossed since counts in the window the row is in.
+    """
+    start = case(
+        (rows.c.budget_window == constant(DAY), bindparam("day_start", type_=BigInteger())),
+        (rows.c.budget_window == constant(WEEK), bindparam("week_start", type_=BigInteger())),
+        else_=bindparam("month_start", type_=BigInteger()),
+    )
+    return later_of(rows.c.window_start, start)
+
+
+def rolling(rows: TableClause) -> ColumnElement[bool]:
+    """Return whether ``rows``' row counts its spend in a rolling window (``5h``)."""
+    return or_(*(rows.c.budget_window == constant(window) for window in ROLLING_MICROS))
+
+
 def window_start_now(rows: TableClause) -> ColumnElement[int]:
     """Return the start of the window the hold's time falls in, for ``rows``' row.
 
-    The calendar windows' starts are parameters (app.budgets.window_parameters); a
-    rolling window goes on while it lasts, and starts again at the hold's time after.
+    A rolling window goes on while it lasts, and starts again at the hold's time after.
     """
     now = bindparam("now_micros", type_=BigInteger())
-    rolling = [
+    started = [
         (
-            rows.c.budget_window == window,
-            case((rows.c.window_start > now - seconds, rows.c.window_start), else_=now),
+            rows.c.budget_window == constant(window),
+            case((rows.c.window_start > now - constant(micros), rows.c.window_start), else_=now),
         )
-        for window, seconds in ROLLING_MICROS.items()
+        for window, micros in ROLLING_MICROS.items()
     ]
-    return case(
-        (rows.c.budget_window == DAY, bindparam("day_start", type_=BigInteger())),
-        (rows.c.budget_window == WEEK, bindparam("week_start", type_=BigInteger())),
-        *rolling,
-        else_=bindparam("month_start", type_=BigInteger()),
-    )
+    return case(*started, else_=calendar_window_start(rows))
+
+
+def window_start_settled(rows: TableClause) -> ColumnElement[int]:
+    """Return the start of the window a settlement leaves ``rows``' row in.
+
+    A calendar window that began since the row's rolls over, so that a row no hold
+    writes (it has no budget) still counts its window's true spend; a rolling window
+    is started by a request's hold alone, never by a settlement.
+    """
+    return case((rolling(rows), rows.c.window_start), else_=calendar_window_start(rows))
 
 
 def spent_in_window(rows: TableClause) -> ColumnElement[Any]:
     """Return what ``rows``' row spent in the hold's window: a new window starts at zero."""
-    return case((rows.c.window_start == window_start_now(rows), rows.c.window_spent), else_=0)
+    return case((rows.c.window_start == window_start_now(rows), rows.c.window_spent), else_=ZERO)
+
+
+def reserves_on(rows: TableClause) -> ColumnElement[bool]:
+    """Return whether a hold reserves on ``rows``' row: it has a budget, or a rolling window.
+
+    A reservation on a row without a budget protects nothing, and is not written; a
+    rolling window's row is, since its holds start its window.
+    """
+    return or_(rows.c.budget.is_not(None), rolling(rows))
 
 
 def within_budget(rows: TableClause) -> ColumnElement[bool]:
@@ -114,16 +180,23 @@ def reserve_in_window(rows: TableClause) -> dict[Any, Any]:
     }
 
 
-def spend_in_window(rows: TableClause, held_in: ColumnElement[Any]) -> dict[Any, Any]:
+def spend_in_window(
+    rows: TableClause, held_in: ColumnElement[Any], reserved_here: ColumnElement[bool]
+) -> dict[Any, Any]:
     """Return a settlement's change to ``rows``' row: its reservation released, its charge spent.
 
-    The charge counts in the window the hold was placed in (``held_in``): in a window
-    that has ended since, it counts no more.
+    The charge counts in the window the hold was placed in (``held_in``), if that is
+    the row's window once rolled over (window_start_settled): in a window that has
+    ended since, it counts no more. The reservation released is the hold's if it
+    reserved on the row (``reserved_here``), nothing otherwise.
     """
+    start = window_start_settled(rows)
     return {
-        rows.c.window_spent: rows.c.window_spent
-        + case((rows.c.window_start == held_in, charge), else_=0),
-        rows.c.window_reserved: rows.c.window_reserved - released,
+        rows.c.window_start: start,
+        rows.c.window_spent: case((rows.c.window_start == start, rows.c.window_spent), else_=ZERO)
+        + case((start == held_in, charge), else_=ZERO),
+        rows.c.window_reserved: rows.c.window_reserved
+        - case((reserved_here, released), else_=ZERO),
     }
 
 
@@ -138,18 +211,27 @@ KEY_WITHIN_LIMIT = within_budget(keys)
 # rotation or deletion for the time the change takes to be heard; nothing is held on it.
 key_digest = bindparam("key_digest", type_=String())
 KEY_AS_PRESENTED = and_(
-    keys.c.state == ACTIVE, or_(key_digest.is_(None), keys.c.digest == key_digest)
+    keys.c.state == constant(ACTIVE), or_(key_digest.is_(None), keys.c.digest == key_digest)
 )
 RESERVE_ON_KEY = reserve_in_window(keys)
 # The key's member: a key belongs to one member for its life.
 KEYS_MEMBER = memberships.c.id == select(keys.c.member_id).where(KEY_ROW).scalar_subquery()
 MEMBER_WITHIN_BUDGET = within_budget(memberships)
 RESERVE_ON_MEMBER = reserve_in_window(memberships)
-# The windows a hold was placed in, as its key's and its member's rows say after it.
-HOLD_WINDOWS = (
-    select(keys.c.window_start, memberships.c.window_start)
-    .join(memberships, memberships.c.id == keys.c.member_id)
-    .where(KEY_ROW)
+# What a hold reads of its key, as presented, and of its member, before it reserves on
+# either: whether each is reserved on (reserves_on), and the window each would count
+# the hold in. A row that is not reserved on is read, never locked nor written.
+KEY_AND_MEMBER_TO_HOLD = (
+    select(
+        keys.c.id,
+        keys.c.member_id,
+        reserves_on(keys).label("key_reserves"),
+        window_start_now(keys).label("key_window"),
+        reserves_on(memberships).label("member_reserves"),
+        window_start_now(memberships).label("member_window"),
+    )
+    .join_from(keys, memberships, memberships.c.id == keys.c.member_id)
+    .where(KEY_ROW, KEY_AS_PRESENTED)
 )
 
 
@@ -163,63 +245,98 @@ def reserve_on_account(covers: ColumnElement[bool]) -> Update:
 def reserve_on_key(within_limit: ColumnElement[bool]) -> Update:
     """Return the conditional UPDATE reserving the amount on the key, within its budget.
 
-    It applies only to the key as its caller presented it (KEY_AS_PRESENTED).
+    It applies only to the key as its caller presented it (KEY_AS_PRESENTED), and
+    returns the start of the window it counts the hold in.
     """
-    return update(keys).where(KEY_ROW, KEY_AS_PRESENTED, within_limit).values(RESERVE_ON_KEY)
+    return (
+        update(keys)
+        .where(KEY_ROW, KEY_AS_PRESENTED, within_limit)
+        .values(RESERVE_ON_KEY)
+        .returning(keys.c.window_start)
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def reserve_on_member(within: ColumnElement[bool]) -> Update:
-    """Return the conditional UPDATE reserving the amount on the key's member, within budget."""
-    return update(memberships).where(KEYS_MEMBER, within).values(RESERVE_ON_MEMBER)
+    """Return the conditional UPDATE reserving the amount on the key's member, within budget.
+
+    It returns the start of the window it counts the hold in.
+    """
+    return (
+        update(memberships)
+        .where(KEYS_MEMBER, within)
+        .values(RESERVE_ON_MEMBER)
+        .returning(memberships.c.window_start)
+    )
 
 
 INSERT_HOLD = insert(holds)
+# The open status is a parameter, not a constant: PostgreSQL could then prove the
+# sweeper's partial index of open holds usable, and a generic plan may scan every open
+# hold for the one closed, where the primary key finds it at once.
 CLOSE_HOLD = (
     update(holds)
-    .where(holds.c.id == bindparam("hold_id"), holds.c.status == OPEN)
+    .where(holds.c.id == bindparam("hold_id"), holds.c.status == bindparam("open", OPEN))
     .values(status=bindparam("status"))
 )
-DEBIT = (
-    update(accounts)
-    .where(accounts.c.id == bindparam("account_id"))
-    .values(
-        balance=accounts.c.balance - bindparam("charge", type_=Money()),
-        reserved=accounts.c.reserved - bindparam("released", type_=Money()),
-    )
-)
+SETTLE_HOLD = CLOSE_HOLD.values(status=constant(SETTLED))
+DEBIT_AND_RELEASE = {
+    accounts.c.balance: accounts.c.balance - charge,
+    accounts.c.reserved: accounts.c.reserved - released,
+}
+DEBIT = update(accounts).where(ACCOUNT_ROW).values(DEBIT_AND_RELEASE)
 
 
-def spend_on_key(held_in: ColumnElement[Any]) -> Update:
+def spend_on_key(
+    held_in: ColumnElement[Any], reserved_here: ColumnElement[bool], row: Any = KEY_ROW
+) -> Update:
     """Return a settlement's UPDATE of the key: reservation to the spend of ``held_in``.
 
-    It records the key's use too: the key's row is written by every settlement anyway.
+    It records the key's use too: the one write of the key's row a request makes when
+    the key has no budget (its hold only read the row).
     """
     return (
         update(keys)
-        .where(KEY_ROW)
-        .values({**spend_in_window(keys, held_in), keys.c.last_used_at: used_at})
+        .where(row)
+        .values({**spend_in_window(keys, held_in, reserved_here), keys.c.last_used_at: used_at})
     )
 
 
-def spend_on_member(held_in: ColumnElement[Any]) -> Update:
+def spend_on_member(
+    held_in: ColumnElement[Any], reserved_here: ColumnElement[bool], row: Any = KEYS_MEMBER
+) -> Update:
     """Return a settlement's UPDATE of the key's member: reservation to the spend of ``held_in``."""
-    return update(memberships).where(KEYS_MEMBER).values(spend_in_window(memberships, held_in))
+    changes = spend_in_window(memberships, held_in, reserved_here)
+    return update(memberships).where(row).values(changes)
 
 
 # A settlement moves the key's and its member's reservations to the spend of the windows
 # the hold noted, as its row says when it is closed: a budget whose window changed since
-# notes its holds anew (app.accounts.budgets).
+# notes its holds anew, and a budget set since takes over its reservation
+# (app.accounts.budgets).
 used_at = bindparam("used_at", type_=UTCDateTime())
 HOLD_ROW = holds.c.id == bindparam("hold_id")
-SPEND_ON_KEY = spend_on_key(select(holds.c.key_window_start).where(HOLD_ROW).scalar_subquery())
+
+
+def noted(column: ColumnElement[Any]) -> ScalarSelect:
+    """Return what the hold's row (``hold_id``) notes in ``column``."""
+    return select(column).where(HOLD_ROW).scalar_subquery()
+
+
+SPEND_ON_KEY = spend_on_key(noted(holds.c.key_window_start), noted(holds.c.reserved_on_key))
 SPEND_ON_MEMBER = spend_on_member(
-    select(holds.c.member_window_start).where(HOLD_ROW).scalar_subquery()
+    noted(holds.c.member_window_start), noted(holds.c.reserved_on_member)
 )
-RELEASE_ON_KEY = update(keys).where(KEY_ROW).values(window_reserved=keys.c.window_reserved - amount)
+HOLD_RESERVATIONS = select(holds.c.reserved_on_key, holds.c.reserved_on_member).where(HOLD_ROW)
+# An expired hold gives back its reservations, from the rows it reserved on alone.
+RELEASE_ON_KEY = (
+    update(keys)
+    .where(KEY_ROW, noted(holds.c.reserved_on_key))
+    .values(window_reserved=keys.c.window_reserved - amount)
+)
 RELEASE_ON_MEMBER = (
     update(memberships)
-    .where(KEYS_MEMBER)
+    .where(KEYS_MEMBER, noted(holds.c.reserved_on_member))
     .values(window_reserved=memberships.c.window_reserved - amount)
 )
 INSERT_ENTRY = insert(entries)
@@ -310,92 +427,183 @@ def hold_in_one_statement(
     yields their latest versions; the UPDATEs and the INSERT then apply only if every
     lock matched, and check nothing more of rows that nobody else can change meanwhile.
     So the statement applies all of its steps or none, and needs no transaction around
-    it. It commits without waiting for the disk (COMMIT_WITHOUT_WAITING), which costs
+    it. A key or member that is not reserved on (reserves_on) is read as the statement's
+    snapshot has it, and neither locked nor written. It commits without waiting for the
+    disk (COMMIT_WITHOUT_WAITING), which costs
     PostgreSQL a sync and the request its wait (about 0.25 ms here). A server crash can
     then lose only holds: a settlement is on disk when it returns (execute_durably), and
     the WAL up to it with it, holds included; a settlement whose hold was lost charges
     what the balance allows, as for an expired one. The SELECT says which guards
-    matched. The hold's row notes the windows its key and member counted it in.
+    matched. The hold's row notes the windows its key and member counted it in, and
+    whether it reserved on each.
     """
     covering = (
         select(accounts.c.id).where(with_holder_id(ACCOUNT_ROW), covers).with_for_update()
     ).cte("covering_account")
-    checks = [covering]
+    # What the hold passed so far: the account, then the key, then its member.
+    passed = [covering]
     if within_limit is not None:
-        within = (
-            select(keys.c.id, keys.c.member_id)
-            .where(KEY_ROW, KEY_AS_PRESENTED, within_limit, exists(select(covering.c.id)))
-            .with_for_update()
-        ).cte("key_within_limit")
-        member = (
-            select(memberships.c.id)
-            .where(
-                memberships.c.id == select(within.c.member_id).scalar_subquery(),
-                member_within if member_within is not None else MEMBER_WITHIN_BUDGET,
-            )
-            .with_for_update()
-        ).cte("member_within_budget")
-        checks += [within, member]
-    gate = exists(select(checks[-1].c.id))
+        member_within = member_within if member_within is not None else MEMBER_WITHIN_BUDGET
+        checks = _key_and_member_checks(covering, within_limit, member_within)
+        passed += [checks.key_passed, checks.passed]
+    gate = exists(select(passed[-1].c.id))
+    # The steps nothing refers to return nothing: PostgreSQL runs them all the same.
     steps = [
         update(accounts)
         .where(with_holder_id(ACCOUNT_ROW), gate)
         .values(RESERVE_ON_ACCOUNT)
-        .returning(accounts.c.id)
         .cte("reserved")
     ]
-    windows: list[Any] = [None, None]
+    notes: list[Any] = [null(), null(), false(), false()]
     if within_limit is not None:
-        on_key = (
-            update(keys)
-            .where(KEY_ROW, gate)
-            .values(RESERVE_ON_KEY)
-            .returning(keys.c.window_start)
-            .cte("reserved_on_key")
+        on_rows = _reservations_in_one_statement(checks, gate)
+        steps += on_rows
+        notes = _notes_of_hold(checks.passed, *on_rows)
+    steps.append(_insert_hold(notes, gate))
+    counted = [_row_count(check) for check in passed]
+    if within_limit is not None:
+        # Whether the hold reserved on its key or its member (None: not placed).
+        reserving = checks.passed.c.key_reserves | checks.passed.c.member_reserves
+        counted.append(select(reserving).scalar_subquery())
+    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
+
+
+@functools.lru_cache(maxsize=4)
+def hold_without_reservations(covers: ColumnElement[bool]) -> Select:
+    """Build PostgreSQL's hold with a key whose row and member's row are not reserved on.
+
+    hold_in_one_statement for a key and member without budgets, without the locks and
+    UPDATEs it would not run: PostgreSQL sets up every part of a statement it
+    executes, run or not, and those of the rows' reservations were a third of the
+    hold's work. The key is read as presented, and its member, neither locked nor
+    written; the account's reservation is the one guarded change, as conditional as
+    on SQLite, and the hold's row is written only with it. The SELECT says whether the
+    hold was placed, and whether the key and member let it be: if not (the key is not
+    as presented, or a row is reserved on), hold_in_one_statement says why, or holds.
+    """
+    presented = KEY_AND_MEMBER_TO_HOLD.cte("key_as_presented")
+    passed = (select(presented).where(~presented.c.key_reserves, ~presented.c.member_reserves)).cte(
+        "nothing_to_reserve"
+    )
+    holder_id = bindparam("holder_id", type_=Integer())
+    holder = select(holder_id).select_from(passed).scalar_subquery()
+    reserved = (
+        update(accounts)
+        .where(accounts.c.id == holder, covers)
+        .values(RESERVE_ON_ACCOUNT)
+        .returning(accounts.c.id)
+        .cte("reserved")
+    )
+    notes = [
+        select(passed.c.key_window).scalar_subquery(),
+        select(passed.c.member_window).scalar_subquery(),
+        false(),
+        false(),
+    ]
+    placed = _insert_hold(notes, exists(select(reserved.c.id)))
+    counted = [_row_count(reserved), _row_count(passed)]
+    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(placed)
+
+
+@dataclass(frozen=True)
+class _KeyAndMemberChecks:
+    """The CTEs of a hold's key and member: each row's lock, and what passed so far."""
+
+    key_locked: CTE
+    key_passed: CTE
+    member_locked: CTE
+    passed: CTE
+
+
+def _key_and_member_checks(
+    covering: CTE, within_limit: ColumnElement[bool], member_within: ColumnElement[bool]
+) -> _KeyAndMemberChecks:
+    """Return the CTEs of a hold's key and member: the key locked, passed, the member's same.
+
+    Each row that is reserved on is locked and held to its guard; the others pass as
+    read. The member is taken after the key (its lock waits for the key's check).
+    """
+    presented = KEY_AND_MEMBER_TO_HOLD.where(exists(select(covering.c.id))).cte("key_as_presented")
+    key_locked = (
+        select(keys.c.id)
+        .where(
+            keys.c.id == select(presented.c.id).where(presented.c.key_reserves).scalar_subquery(),
+            KEY_AS_PRESENTED,
+            within_limit,
         )
-        on_member = (
-            update(memberships)
-            .where(memberships.c.id == select(checks[-1].c.id).scalar_subquery(), gate)
-            .values(RESERVE_ON_MEMBER)
-            .returning(memberships.c.window_start)
-            .cte("reserved_on_member")
+        .with_for_update()
+    ).cte("key_within_limit")
+    key_passed = (
+        select(presented).where(or_(~presented.c.key_reserves, exists(select(key_locked.c.id))))
+    ).cte("key_passed")
+    member_locked = (
+        select(memberships.c.id)
+        .where(
+            memberships.c.id
+            == select(key_passed.c.member_id).where(key_passed.c.member_reserves).scalar_subquery(),
+            member_within,
         )
-        steps += [on_key, on_member]
-        windows = [
-            select(on_key.c.window_start).scalar_subquery(),
-            select(on_member.c.window_start).scalar_subquery(),
-        ]
+        .with_for_update()
+    ).cte("member_within_budget")
+    passed = (
+        select(key_passed).where(
+            or_(~key_passed.c.member_reserves, exists(select(member_locked.c.id)))
+        )
+    ).cte("member_passed")
+    return _KeyAndMemberChecks(key_locked, key_passed, member_locked, passed)
+
+
+def _reservations_in_one_statement(checks: _KeyAndMemberChecks, gate: Any) -> list[CTE]:
+    """Return the hold's UPDATEs of its key's and member's rows, of those it locked alone."""
+    on_key = (
+        update(keys)
+        .where(keys.c.id == select(checks.key_locked.c.id).scalar_subquery(), gate)
+        .values(RESERVE_ON_KEY)
+        .returning(keys.c.window_start)
+        .cte("reserved_on_key")
+    )
+    on_member = (
+        update(memberships)
+        .where(memberships.c.id == select(checks.member_locked.c.id).scalar_subquery(), gate)
+        .values(RESERVE_ON_MEMBER)
+        .returning(memberships.c.window_start)
+        .cte("reserved_on_member")
+    )
+    return [on_key, on_member]
+
+
+def _notes_of_hold(passed: CTE, on_key: CTE, on_member: CTE) -> list[Any]:
+    """Return what the hold's row notes: its key's and member's windows, what it reserved on.
+
+    A window is as the row says once reserved on, else as it was read.
+    """
+
+    def scalar(column: Any) -> ScalarSelect:
+        return select(column).scalar_subquery()
+
+    return [
+        func.coalesce(scalar(on_key.c.window_start), scalar(passed.c.key_window)),
+        func.coalesce(scalar(on_member.c.window_start), scalar(passed.c.member_window)),
+        scalar(passed.c.key_reserves),
+        scalar(passed.c.member_reserves),
+    ]
+
+
+def _insert_hold(notes: list[Any], gate: Any) -> CTE:
+    """Return the INSERT of the hold's row, applied only through ``gate``."""
     hold_row = select(
         bindparam("hold_id", type_=String()),
         bindparam("holder_id"),
         amount,
         bindparam("key_id"),
-        bindparam("status", type_=String()),
+        constant(OPEN),
         bindparam("placed_at", type_=UTCDateTime()),
         bindparam("expires_at", type_=UTCDateTime()),
-        *(window if window is not None else null() for window in windows),
+        *notes,
     ).where(gate)
-    steps.append(
-        insert(holds)
-        .from_select(
-            [
-                "id",
-                "account_id",
-                "amount",
-                "api_key_id",
-                "status",
-                "created_at",
-                "expires_at",
-                "key_window_start",
-                "member_window_start",
-            ],
-            hold_row,
-        )
-        .returning(holds.c.id)
-        .cte("inserted_hold")
-    )
-    counted = [_row_count(check) for check in checks]
-    return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
+    columns = ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"]
+    columns += ["key_window_start", "member_window_start", "reserved_on_key", "reserved_on_member"]
+    return insert(holds).from_select(columns, hold_row).cte("inserted_hold")
 
 
 def _row_count(cte: CTE) -> ScalarSelect:
@@ -419,56 +627,108 @@ def settlement_in_one_statement(
     and is settled step by step. Nothing else can make a step miss its row, so the
     statement needs no transaction around it.
     """
-    closed = CLOSE_HOLD.returning(
-        holds.c.id, holds.c.key_window_start, holds.c.member_window_start
+    closed = SETTLE_HOLD.returning(
+        holds.c.id,
+        holds.c.account_id,
+        holds.c.key_window_start,
+        holds.c.member_window_start,
+        holds.c.reserved_on_key,
+        holds.c.reserved_on_member,
     ).cte("closed_hold")
     gate = exists(select(closed.c.id))
-    debited = with_holder_id(DEBIT).where(gate).returning(accounts.c.id).cte("debited")
+
+    def closed_notes(column: Any) -> ScalarSelect:
+        return select(column).scalar_subquery()
+
+    # Each row is found through the step before, which takes the rows in order and
+    # applies none of them if the hold was not open (its row id is then NULL).
+    debited = (
+        update(accounts)
+        .where(accounts.c.id == closed_notes(closed.c.account_id))
+        .values(DEBIT_AND_RELEASE)
+        .returning(accounts.c.id)
+        .cte("debited")
+    )
     steps = [closed, debited]
     if with_key:
-        # The windows as the closed row says, after any lock it waited for.
-        on_key = spend_on_key(select(closed.c.key_window_start).scalar_subquery())
-        spent = on_key.where(exists(select(debited.c.id))).returning(keys.c.id).cte("spent_on_key")
-        steps.append(spent)
-        on_member = spend_on_member(select(closed.c.member_window_start).scalar_subquery())
-        steps.append(
-            on_member.where(exists(select(spent.c.id)))
-            .returning(memberships.c.id)
-            .cte("spent_on_member")
+        # The windows and reservations as the closed row says, after any lock it waited for.
+        key_id = bindparam("key_id", type_=Integer())
+        key_after_debit = select(key_id).select_from(debited).scalar_subquery()
+        spent = (
+            spend_on_key(
+                closed_notes(closed.c.key_window_start),
+                closed_notes(closed.c.reserved_on_key),
+                keys.c.id == key_after_debit,
+            )
+            .returning(keys.c.member_id)
+            .cte("spent_on_key")
         )
+        steps.append(spent)
+        on_member = spend_on_member(
+            closed_notes(closed.c.member_window_start),
+            closed_notes(closed.c.reserved_on_member),
+            memberships.c.id == closed_notes(spent.c.member_id),
+        )
+        steps.append(on_member.cte("spent_on_member"))
     if with_entry:
+        # A charge is the negative of what was charged, at the time the key was used.
         entry_row = select(
             bindparam("holder_id"),
-            bindparam("kind", type_=String()),
-            bindparam("entry_amount", type_=Money()),
+            constant(CHARGE),
+            -charge,
             bindparam("generation_id", type_=String()),
-            bindparam("charged_at", type_=UTCDateTime()),
+            used_at,
         ).where(gate)
         steps.append(
             insert(entries)
             .from_select(["account_id", "kind", "amount", "generation_id", "created_at"], entry_row)
-            .returning(entries.c.id)
             .cte("charge_entry")
         )
     if record is not None:
         steps.append(_record_step(*record, gate))
     if with_rollup:
-        steps.append(_rollup_step(gate))
+        steps.append(_rollup_step(gate, record[0].table if record is not None else None))
     return select(_row_count(closed), COMMIT_AS_CHOSEN).add_cte(*steps)
 
 
-def _rollup_step(gate: Any) -> CTE:
-    """Return ROLL_UP as a step of PostgreSQL's one statement, applied only through ``gate``."""
+def _rollup_step(gate: Any, record_table: Any) -> CTE:
+    """Return ROLL_UP as a step of PostgreSQL's one statement, applied only through ``gate``.
+
+    With a record (into ``record_table``, the generation's row), the record's values
+    are the rollup's too (a keyless record's under NO_KEY): they are sent once, as the
+    record's.
+    """
     names = ROLLUP_KEY + ROLLUP_SUMS
+    values = _rolled_up_record(record_table) if record_table is not None else None
     row = select(
-        *(bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type) for name in names)
+        *(
+            values[name] if values else bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type)
+            for name in names
+        )
     ).where(gate)
     upsert = postgresql.insert(rollups).from_select(list(names), row)
     upsert = upsert.on_conflict_do_update(
         index_elements=list(ROLLUP_KEY),
         set_={name: rollups.c[name] + upsert.excluded[name] for name in ROLLUP_SUMS},
     )
-    return upsert.returning(literal_column("1")).cte("rolled_up")
+    return upsert.cte("rolled_up")
+
+
+def _rolled_up_record(record_table: Any) -> dict[str, Any]:
+    """Return the rollup's values as the record's parameters (the generation's row) say."""
+
+    def recorded(name: str) -> Any:
+        return bindparam(RECORD_PREFIX + name, type_=record_table.c[name].type)
+
+    values = {name: recorded(name) for name in ROLLUP_SUMS if name != "requests"}
+    values.update(
+        account_id=recorded("account_id"),
+        api_key_id=func.coalesce(recorded("api_key_id"), constant(NO_KEY)),
+        model=recorded("model"),
+        hour=utc_hour(recorded("created_at")),
+        requests=constant(1),
+    )
+    return values
 
 
 # The prefix of the record's parameters in the settlement's statement, so that they
@@ -481,4 +741,4 @@ def _record_step(statement: Insert, names: tuple[str, ...], gate: Any) -> CTE:
     row = select(
         *(bindparam(RECORD_PREFIX + name, type_=statement.table.c[name].type) for name in names)
     ).where(gate)
-    return statement.from_select(list(names), row).returning(literal_column("1")).cte("record")
+    return statement.from_select(list(names), row).cte("record")

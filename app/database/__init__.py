@@ -19,7 +19,7 @@ from app.database.connections import (
     write_transaction,
 )
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
-from app.database.expressions import utc_hour, utc_iso_text
+from app.database.expressions import later_of, utc_hour, utc_iso_text
 from app.database.notices import ChangeNotices, change_notices
 from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
@@ -42,6 +42,7 @@ __all__ = [
     "failure_reason",
     "fetch_on_driver",
     "init_database",
+    "later_of",
     "lock_until_commit",
     "runs_alone",
     "utc_hour",

@@ -8,6 +8,7 @@ connection.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
@@ -104,6 +105,28 @@ class DriverForm:
 _NUMBERED_PARAMETERS = postgresql.asyncpg.dialect()
 
 
+@functools.lru_cache(maxsize=4)
+def _named_parameters(dialect: Dialect) -> Dialect:
+    """Return ``dialect`` writing named parameters (``:name``) instead of positional ones.
+
+    A positional marker (SQLite's ``?``) is bound once per appearance in the text: a
+    value the statement uses in several places (a budget window's start, the amount)
+    would be sent and bound as many times. A named one is bound once, wherever it appears.
+    """
+    named = copy.copy(dialect)
+    named.paramstyle, named.positional = "named", False
+    return named
+
+
+def _compiling_dialect(dialect: Dialect, for_prepare: bool) -> Dialect:
+    """Return the dialect a statement for ``dialect``'s driver is compiled with."""
+    if for_prepare:
+        return _NUMBERED_PARAMETERS
+    if dialect.paramstyle == "qmark":
+        return _named_parameters(dialect)
+    return dialect
+
+
 @functools.lru_cache(maxsize=256)
 def driver_form(
     statement: Executable,
@@ -121,7 +144,7 @@ def driver_form(
     """
     column_keys = None if keys is None else list(keys)
     compiled = statement.compile(
-        dialect=_NUMBERED_PARAMETERS if for_prepare else dialect, column_keys=column_keys
+        dialect=_compiling_dialect(dialect, for_prepare), column_keys=column_keys
     )
     # As SQLAlchemy's own execution does: each type as the dialect implements it.
     processors = {}

@@ -49,3 +49,30 @@ def _utc_iso_text_on_postgresql(element: utc_iso_text, compiler: Any, **kw: Any)
 def _utc_iso_text_on_sqlite(element: utc_iso_text, compiler: Any, **kw: Any) -> str:
     # The stored text is "YYYY-MM-DD HH:MM:SS.ffffff", in UTC.
     return f"replace({compiler.process(element.clauses, **kw)}, ' ', 'T') || '+00:00'"
+
+
+class later_of(FunctionElement):
+    """The greater of two values, a NULL one counting as none: a window start kept or moved on.
+
+    Written once where a CASE comparing them would write each twice.
+    """
+
+    name = "later_of"
+    inherit_cache = True
+
+    @property
+    def type(self) -> Any:
+        """The type of the values compared."""
+        return self.clauses.clauses[0].type
+
+
+@compiles(later_of, "postgresql")
+def _later_of_on_postgresql(element: later_of, compiler: Any, **kw: Any) -> str:
+    return f"GREATEST({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(later_of, "sqlite")
+def _later_of_on_sqlite(element: later_of, compiler: Any, **kw: Any) -> str:
+    # SQLite's max() of several values is NULL if any of them is.
+    first, second = (compiler.process(clause, **kw) for clause in element.clauses.clauses)
+    return f"max(coalesce({first}, {second}), {second})"

@@ -174,8 +174,8 @@ def _hold_worst_case(
         account_id=terms.caller.account_id,
         amount=worst,
         ttl_seconds=terms.ttl_seconds,
-        # Every hold reserves on its key, limited or not, so that the key's month is exact
-        # whenever a limit is put on it.
+        # A hold reserves on its key and member where they have budgets; every charge is
+        # counted on both, so that a budget put on either later starts from the window's spend.
         key_id=terms.caller.key_id,
         key_digest=terms.caller.key_digest,
         hold_id=terms.hold_id,

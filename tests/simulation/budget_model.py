@@ -87,11 +87,29 @@ class Counters:
         """Whether a hold of ``amount`` fits the budget now."""
         return self.budget is None or self.spent_now(now) + self.reserved + amount <= self.budget
 
-    def reserve(self, amount: Decimal, now: datetime) -> int:
-        """Reserve a hold, rolling the window over first; return the window it is noted in."""
+    def reserves(self) -> bool:
+        """Whether a hold reserves on the row: it has a budget, or a rolling window.
+
+        A reservation on a row without a budget would protect nothing; a rolling
+        window's row is written by every hold, which starts its window.
+        """
+        return self.budget is not None or self.window in ROLLING
+
+    def reserve(self, amount: Decimal, now: datetime) -> tuple[int, bool]:
+        """Hold on the row: the window the hold is noted in, and whether it reserved here.
+
+        A row it reserves on rolls its window over first; any other is left as it is,
+        the hold noted in the calendar window of its time.
+        """
+        if not self.reserves():
+            return self.calendar_start(now), False
         self.spent, self.start = self.spent_now(now), window_start(self.window, self.start, now)
         self.reserved += amount
-        return self.start
+        return self.start, True
+
+    def calendar_start(self, now: datetime) -> int:
+        """The calendar window's start at ``now``; a window never goes back."""
+        return max(window_start(self.window, None, now), self.start or 0)
 
     def window_end(self, now: datetime) -> datetime | None:
         """When the window ``now`` falls in ends (None: a rolling one not begun yet)."""
@@ -101,11 +119,29 @@ class Counters:
             return None
         return moment(self.start) + ROLLING[self.window]
 
-    def spend(self, noted: int | None, charge: Decimal, released: Decimal) -> None:
-        """Settle a hold noted in window ``noted``: its charge counts only if that is this one."""
+    def spend(self, noted: int | None, charge: Decimal, released: Decimal, now: datetime) -> None:
+        """Settle a hold noted in window ``noted``: its charge counts only if that is this one.
+
+        A calendar window rolls over first, so that a row no hold writes counts its
+        window's spend too; a rolling one is moved on by holds alone. ``released`` is
+        what the hold reserved here.
+        """
+        if self.window not in ROLLING and self.start != (start := self.calendar_start(now)):
+            self.start, self.spent = start, ZERO
         if noted is not None and noted == self.start:
             self.spent += charge
         self.reserved -= released
+
+    def as_of(self, now: datetime) -> tuple[int | None, Decimal]:
+        """Return the window start and spend the row counts at ``now``.
+
+        An ended calendar window's spend counts nothing, whether a settlement or a hold
+        has rolled the row over yet.
+        """
+        if self.window in ROLLING or self.start is None:
+            return self.start, self.spent
+        start = self.calendar_start(now)
+        return start, self.spent if self.start == start else ZERO
 
 
 @dataclass
@@ -118,6 +154,9 @@ class Held:
     placed_at: datetime
     key_noted: int
     member_noted: int
+    # Whether it reserved on the key's row, and on the member's.
+    on_key: bool = True
+    on_member: bool = True
     open: bool = True
     charge: Decimal = ZERO
 
@@ -207,24 +246,36 @@ class BudgetModel:
     def hold(self, hold_id: str, key_id: int, amount: Decimal, now: datetime) -> None:
         """A hold of ``amount`` was placed on the key and its member."""
         key, member = self.limits(key_id)
-        noted = key.reserve(amount, now), member.reserve(amount, now)
-        self.holds[hold_id] = Held(key, member, amount, now, *noted)
+        (key_noted, on_key), (member_noted, on_member) = (
+            key.reserve(amount, now),
+            member.reserve(amount, now),
+        )
+        self.holds[hold_id] = Held(
+            key, member, amount, now, key_noted, member_noted, on_key, on_member
+        )
 
-    def settle(self, hold_id: str, charge: Decimal) -> None:
+    def settle(self, hold_id: str, charge: Decimal, now: datetime) -> None:
         """The hold's request was charged ``charge``; an open hold's reservation ends with it."""
         held = self.holds[hold_id]
-        released = held.amount if held.open else ZERO
+        was_open = held.open
         held.open, held.charge = False, charge
-        held.key.spend(held.key_noted, charge, released)
-        held.member.spend(held.member_noted, charge, released)
+        held.key.spend(held.key_noted, charge, held.amount * (was_open and held.on_key), now)
+        held.member.spend(
+            held.member_noted, charge, held.amount * (was_open and held.on_member), now
+        )
 
     def release(self, hold_id: str) -> None:
-        """The hold expired with nothing charged: its reservations end."""
+        """The hold expired with nothing charged: the reservations it made end."""
         held = self.holds[hold_id]
         if held.open:
             held.open = False
-            held.key.reserved -= held.amount
-            held.member.reserved -= held.amount
+            held.key.reserved -= held.amount * held.on_key
+            held.member.reserved -= held.amount * held.on_member
+
+    def reserved_by(self, hold_id: str) -> tuple[Counters, ...]:
+        """The rows an open hold reserved on: its key's, its member's, both or neither."""
+        held = self.holds[hold_id]
+        return tuple(c for c, on in ((held.key, held.on_key), (held.member, held.on_member)) if on)
 
     def room(self, key_id: int, now: datetime) -> Decimal | None:
         """The least that the key's and its member's budgets leave (None: neither has one)."""
@@ -237,6 +288,7 @@ class BudgetModel:
         """The key's budget became ``amount`` a ``window``."""
         key = self.keys[key_id]
         holds = [h for h in self.holds.values() if h.key is key]
+        self._take_over(key, amount, holds, "on_key")
         self._set_budget(key, amount, window, now, holds, "key_noted")
 
     def set_member_budget(
@@ -245,7 +297,22 @@ class BudgetModel:
         """The member's budget became ``amount`` a ``window``: all their keys count in it."""
         member = self.members[member_id]
         holds = [h for h in self.holds.values() if h.member is member]
+        self._take_over(member, amount, holds, "on_member")
         self._set_budget(member, amount, window, now, holds, "member_noted")
+
+    @staticmethod
+    def _take_over(counters: Counters, amount: Decimal | None, holds: list[Held], on: str) -> None:
+        """A budget set takes over the open holds that did not reserve on the row.
+
+        They join its reservation, so that new holds leave room for them; a budget
+        removed leaves each reservation to end with its hold.
+        """
+        if amount is None:
+            return
+        for held in holds:
+            if held.open and not getattr(held, on):
+                setattr(held, on, True)
+                counters.reserved += held.amount
 
     @staticmethod
     def _set_budget(

@@ -787,7 +787,7 @@ class Simulation:
             if request.recorded is None:
                 self.budgets.release(hold_id)
             else:
-                self.budgets.settle(hold_id, sum(settled.charges, Decimal(0)))
+                self.budgets.settle(hold_id, sum(settled.charges, Decimal(0)), self.clock.now())
 
     def death_problems(self, request: SimRequest, settled: driver.Settlement) -> list[str]:
         """What is wrong with the settlement of a dead request's ended hold."""
@@ -840,7 +840,7 @@ class Simulation:
         if expected < price:
             self.shortfalls.add(driver.generation_id(request.generation))
         self.check_settlement(request, usage, expected, shortfall=price - expected)
-        self.budgets.settle(driver.hold_of(request.generation)[0], expected)
+        self.budgets.settle(driver.hold_of(request.generation)[0], expected, self.clock.now())
         if request.turn is not None:
             self.check_stored(request, completed=completed)
         return f"{how}: {request.name}, {request.delivered} tokens, charged ${expected}"
@@ -1283,9 +1283,8 @@ class Simulation:
             for c in [*self.budgets.keys.values(), *self.budgets.members.values()]
         }
         for hold in holds:
-            owner = self.hold_owners.get(hold.id)
-            if owner is not None:
-                for counters in self.budgets.limits(owner.key.id):
+            if hold.id in self.budgets.holds:
+                for counters in self.budgets.reserved_by(hold.id):
                     held[counters.name] += hold.amount
         return held
 
@@ -1293,10 +1292,14 @@ class Simulation:
         self, row: driver.BudgetRow, counters: Counters, held: Decimal
     ) -> Iterator[str]:
         """What is wrong with one key's or member's row."""
-        name = counters.name
+        name, now = counters.name, self.clock.now()
+        # As of now: a calendar window that ended counts nothing, whether a settlement
+        # (at its own time) or a hold has rolled the row over yet.
         modelled = driver.BudgetRow(
-            counters.budget, counters.window, counters.start, counters.spent, counters.reserved
+            counters.budget, counters.window, *counters.as_of(now), counters.reserved
         )
+        found = Counters(name, row.budget, row.window, row.start, row.spent, row.reserved)
+        row = driver.BudgetRow(row.budget, row.window, *found.as_of(now), row.reserved)
         if row != modelled:
             yield f"{name}: its row has {row}, the model {modelled}"
         if row.reserved != held:

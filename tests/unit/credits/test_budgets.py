@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from app import budgets as budget_windows
 from app.accounts import budgets
@@ -16,7 +16,8 @@ from app.accounts.keys import create_key
 from app.accounts.models import MEMBER, Membership, Person
 from app.auth.models import ApiKey
 from app.budgets import unix_micros
-from app.credits import ledger
+from app.credits import ledger, statements
+from app.credits.models import Hold
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from tests.factories import AccountFactory
@@ -236,3 +237,250 @@ def test_a_holds_window_starts_are_the_calendars(moment):
         "now_micros": unix_micros(moment),
     }
     assert budget_windows.from_unix_micros(windows["now_micros"]) == moment
+
+
+class RowWrites:
+    """Which of a key's and its member's rows were written (or, on PostgreSQL, locked).
+
+    On PostgreSQL by the rows' versions (``xmin``) and lockers (``xmax``), whatever
+    statement did it; on SQLite, whose hold runs step by step, by the UPDATEs the
+    ledger ran of either table.
+    """
+
+    TABLES = ("api_keys", "memberships")
+
+    def __init__(self, monkeypatch, key_id: int) -> None:
+        self.ids = {"api_keys": key_id, "memberships": member_of(key_id)}
+        self.postgresql = db.engine.dialect.name == "postgresql"
+        self.updated: set[str] = set()
+        if not self.postgresql:
+            for name in ("execute_on_driver", "fetch_on_driver"):
+                monkeypatch.setattr(ledger, name, self._noting(getattr(ledger, name)))
+        self.versions = self._versions()
+
+    def _noting(self, run):
+        def noted(connection, statement, parameters):
+            if statement.is_dml and getattr(statement, "table", None) is not None:
+                if statement.is_update and statement.table.name in self.TABLES:
+                    self.updated.add(statement.table.name)
+            return run(connection, statement, parameters)
+
+        return noted
+
+    def _versions(self) -> dict[str, tuple]:
+        if not self.postgresql:
+            return {}
+        versions = {
+            table: tuple(
+                db.session.execute(
+                    text(f"SELECT xmin::text, xmax::text FROM {table} WHERE id = :id"),
+                    {"id": row_id},
+                ).one()
+            )
+            for table, row_id in self.ids.items()
+        }
+        db.session.commit()
+        return versions
+
+    def since_last(self) -> set[str]:
+        """Return the tables whose row was written since the last call (or the start)."""
+        versions = self._versions()
+        written = {t for t in self.TABLES if versions.get(t) != self.versions.get(t)}
+        written |= self.updated
+        self.versions, self.updated = versions, set()
+        return written
+
+
+def member_of(key_id: int) -> int:
+    return db.session.scalar(select(ApiKey.member_id).where(ApiKey.id == key_id))
+
+
+def member_counters(member_id: int) -> tuple[Decimal, Decimal]:
+    db.session.expire_all()
+    member = db.session.get(Membership, member_id)
+    return member.window_spent, member.window_reserved
+
+
+def reservations(hold_id: str) -> tuple[bool, bool]:
+    noted = db.session.execute(
+        select(Hold.reserved_on_key, Hold.reserved_on_member).where(Hold.id == hold_id)
+    ).one()
+    db.session.commit()
+    return tuple(noted)
+
+
+def test_a_hold_neither_writes_nor_locks_a_key_and_member_without_budgets(
+    app_context, clock, monkeypatch
+):
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="unbudgeted").id
+    writes = RowWrites(monkeypatch, key_id)
+
+    held = hold(account, key_id, "0.5", hold_id=unique("g-unwritten"))
+
+    assert isinstance(held, ledger.HeldCredit)
+    assert writes.since_last() == set()
+    assert reservations(held.id) == (False, False)
+    assert counters(key_id)[:2] == (0, 0)
+    ledger.settle_hold(held, cost=Decimal("0.2"), generation_id=held.id)
+    # The settlement writes each row once: the charge counted in its window, the key's use.
+    assert writes.since_last() == {"api_keys", "memberships"}
+    assert counters(key_id) == (Decimal("0.2"), 0, unix_micros(datetime(2026, 3, 1, tzinfo=UTC)))
+    assert member_counters(member_of(key_id)) == (Decimal("0.2"), 0)
+    assert db.session.get(ApiKey, key_id).last_used_at is not None
+    assert_audit_clean(account.id)
+
+
+def test_a_hold_reserves_on_the_budgeted_row_alone(app_context, clock, monkeypatch):
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="budgeted").id
+    set_key_budget(key_id, amount=Decimal("1"), window="day")
+    writes = RowWrites(monkeypatch, key_id)
+
+    held = hold(account, key_id, "0.5", hold_id=unique("g-on-key"))
+
+    assert writes.since_last() == {"api_keys"}
+    assert reservations(held.id) == (True, False)
+    assert counters(key_id)[1] == Decimal("0.5")
+    assert member_counters(member_of(key_id)) == (0, 0)
+    ledger.settle_hold(held, cost=Decimal("0.3"), generation_id=held.id)
+    assert counters(key_id)[:2] == (Decimal("0.3"), 0)
+    assert member_counters(member_of(key_id)) == (Decimal("0.3"), 0)
+    assert_audit_clean(account.id)
+
+
+@pytest.mark.parametrize("on", ["key", "member"])
+def test_a_budget_set_takes_over_the_holds_already_running(app_context, clock, on):
+    account = AccountFactory.create(credits=Decimal("10"))
+    member_id = add_member(account.id, f"running-{secrets.token_hex(4)}@example.com")
+    key_id = create_key(account_id=account.id, name="running", member_id=member_id).id
+    first = hold(account, key_id, "0.4", hold_id=unique("g-running-1"))
+    second = hold(account, key_id, "0.3", hold_id=unique("g-running-2"))
+    assert reservations(first.id) == (False, False)
+
+    if on == "key":
+        set_key_budget(key_id, amount=Decimal("1"), window="month")
+    else:
+        set_member_budget(member_id, amount=Decimal("1"), window="month")
+
+    taken_over = (True, False) if on == "key" else (False, True)
+    assert reservations(first.id) == reservations(second.id) == taken_over
+    reserved = counters(key_id)[1] if on == "key" else member_counters(member_id)[1]
+    assert reserved == Decimal("0.7")
+    # New requests leave room for the running ones: 0.3 is left, not 1.
+    refused = hold(account, key_id, "0.4")
+    assert isinstance(refused, ledger.BudgetShortfall) and refused.available == Decimal("0.3")
+    ledger.settle_hold(first, cost=Decimal("0.1"), generation_id=first.id)
+    ledger.settle_hold(second, cost=Decimal("0.2"), generation_id=second.id)
+    assert counters(key_id)[:2] == (Decimal("0.3"), 0)
+    assert member_counters(member_id) == (Decimal("0.3"), 0)
+    assert_audit_clean(account.id)
+
+
+def test_a_budget_removed_leaves_its_holds_to_release_what_they_reserved(app_context, clock):
+    account = AccountFactory.create(credits=Decimal("10"))
+    member_id = add_member(account.id, f"removed-{secrets.token_hex(4)}@example.com")
+    key_id = create_key(account_id=account.id, name="lifted", member_id=member_id).id
+    set_key_budget(key_id, amount=Decimal("1"), window="week")
+    set_member_budget(member_id, amount=Decimal("2"), window="week")
+    settled = hold(account, key_id, "0.4", hold_id=unique("g-reserved-settled"))
+    expiring = ledger.place_hold(
+        account_id=account.id, amount=Decimal("0.2"), ttl_seconds=1, key_id=key_id
+    )
+
+    set_key_budget(key_id, amount=None, window="week")
+    set_member_budget(member_id, amount=None, window="week")
+    unreserved = hold(account, key_id, "0.5", hold_id=unique("g-after-removal"))
+
+    assert reservations(settled.id) == reservations(expiring.id) == (True, True)
+    assert reservations(unreserved.id) == (False, False)
+    assert counters(key_id)[1] == member_counters(member_id)[1] == Decimal("0.6")
+    ledger.settle_hold(settled, cost=Decimal("0.4"), generation_id=settled.id)
+    ledger.settle_hold(unreserved, cost=Decimal("0.1"), generation_id=unreserved.id)
+    clock.now += timedelta(seconds=2)
+    assert ledger.release_expired_holds(account_id=account.id) == 1
+    assert counters(key_id)[:2] == (Decimal("0.5"), 0)
+    assert member_counters(member_id) == (Decimal("0.5"), 0)
+    assert_audit_clean(account.id)
+
+
+def test_an_expired_hold_releases_nothing_from_rows_it_did_not_reserve_on(app_context, clock):
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="expiring").id
+    set_key_budget(key_id, amount=Decimal("5"), window="day")
+    on_key = ledger.place_hold(
+        account_id=account.id, amount=Decimal("0.2"), ttl_seconds=1, key_id=key_id
+    )
+    # Reserved on the key alone: the member's row would go below zero if it released it.
+    assert reservations(on_key.id) == (True, False)
+    clock.now += timedelta(seconds=2)
+
+    assert ledger.release_expired_holds(account_id=account.id) == 1
+
+    assert counters(key_id)[:2] == (0, 0)
+    assert member_counters(member_of(key_id)) == (0, 0)
+    assert_audit_clean(account.id)
+
+
+def test_a_row_without_budget_counts_the_window_its_charges_were_held_in(app_context, clock):
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="months").id
+    clock.now = datetime(2026, 3, 31, 23, 0, tzinfo=UTC)
+    spend(account, key_id, "0.6", "g-march")
+    crossing = hold(account, key_id, "0.2", hold_id=unique("g-crossing-month"))
+    clock.now = datetime(2026, 4, 2, tzinfo=UTC)
+    ledger.settle_hold(crossing, cost=Decimal("0.2"), generation_id=crossing.id)
+    # April began: its spend starts at zero, and March's hold counts no more.
+    assert counters(key_id) == (0, 0, unix_micros(datetime(2026, 4, 1, tzinfo=UTC)))
+    spend(account, key_id, "0.1", "g-april")
+    set_key_budget(key_id, amount=Decimal("0.5"), window="month")
+    assert counters(key_id)[0] == Decimal("0.1")
+    refused = hold(account, key_id, "0.41")
+    assert isinstance(refused, ledger.BudgetShortfall) and refused.available == Decimal("0.4")
+    assert_audit_clean(account.id)
+
+
+def test_the_audit_finds_a_reservation_its_hold_did_not_make(app_context, clock):
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="miscounted").id
+    held = hold(account, key_id, "0.25", hold_id=unique("g-miscounted"))
+    db.session.execute(update(Hold).where(Hold.id == held.id).values(reserved_on_key=True))
+    db.session.commit()
+    problems = [str(m) for m in audit_ledger([account.id], full=True).mismatches]
+    assert problems == [f"key {key_id}: reserved $0 but its open holds sum to $0.25"]
+    db.session.execute(update(Hold).where(Hold.id == held.id).values(reserved_on_key=False))
+    db.session.commit()
+    ledger.settle_hold(held, cost=Decimal("0"), generation_id=held.id)
+    assert_audit_clean(account.id)
+
+
+def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock, monkeypatch):
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("a hold is one statement on PostgreSQL, in one of two shapes")
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="shapes").id
+    without = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
+    sent = []
+    execute_alone = ledger.execute_alone
+
+    def noting(statement, parameters, **options):
+        sent.append("without" if statement is without else "reserving")
+        return execute_alone(statement, parameters, **options)
+
+    monkeypatch.setattr(ledger, "execute_alone", noting)
+
+    def shapes_of_a_hold() -> list[str]:
+        sent.clear()
+        spend(account, key_id, "0.01", "g-shape")
+        return list(sent)
+
+    assert shapes_of_a_hold() == ["without"]
+    set_key_budget(key_id, amount=Decimal("1"), window="day")
+    # Its budget found, the key's holds go straight to the statement that reserves.
+    assert shapes_of_a_hold() == ["without", "reserving"]
+    assert shapes_of_a_hold() == ["reserving"]
+    set_key_budget(key_id, amount=None, window="day")
+    assert shapes_of_a_hold() == ["reserving"]
+    assert shapes_of_a_hold() == ["without"]
+    assert counters(key_id)[1] == 0
+    assert_audit_clean(account.id)

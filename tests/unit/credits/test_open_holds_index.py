@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import event
 
-from app.credits import holds, ledger
+from app.credits import holds, ledger, statements
+from app.database.driver import driver_form
 from app.extensions import db
 
 
@@ -47,3 +48,20 @@ def test_queries_for_open_holds_use_their_index(app_context, work):
     plans = plans_of(work)
 
     assert plans and all("ix_holds_open_expires_at" in plan for plan in plans), plans
+
+
+def test_a_settlement_finds_its_hold_by_its_id_whatever_is_open(app_context):
+    # A generic plan that read the index of open holds would read every open hold for
+    # the one it closes.
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL plans a prepared statement once for every value")
+    settlement = statements.settlement_in_one_statement(False, False, None, False)
+    with db.engine.connect() as connection:
+        form = driver_form(settlement, connection.dialect, for_prepare=True)
+        connection.exec_driver_sql(f"PREPARE settlement_plan AS {form.text}")
+        connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        nulls = ", ".join(["NULL"] * len(form.names))
+        plan = connection.exec_driver_sql(f"EXPLAIN EXECUTE settlement_plan({nulls})").all()
+        connection.rollback()
+    closing = next(row[0] for row in plan if "on holds" in row[0] and "Scan" in row[0])
+    assert "pk_holds" in closing, plan

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import Integer, bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, InvalidRequestError
 
 from app.accounts.keys import create_key, update_key_limits
@@ -93,3 +93,16 @@ def test_parameters_are_sent_as_sqlalchemy_would_send_them(app_context):
     assert "settled" in tuple(by_sqlalchemy) or "settled" in dict(by_sqlalchemy).values()
     with pytest.raises(InvalidRequestError):
         form.arguments({"amount": Decimal("1")})
+
+
+def test_a_value_the_text_uses_twice_is_sent_and_bound_once(app_context):
+    twice = select(
+        (bindparam("n", type_=Integer()) + bindparam("n", type_=Integer())).label("sum"),
+        (bindparam("n", type_=Integer()) * bindparam("n", type_=Integer())).label("square"),
+    )
+    with db.engine.connect() as connection:
+        form = driver_form(twice, connection.dialect, ("n",))
+        (row,) = fetch_on_driver(connection, twice, {"n": 2})
+    assert form.names == ("n",)
+    assert form.arguments({"n": 2}) in ({"n": 2}, (2,))
+    assert (row.sum, row.square) == (4, 4)

@@ -1,0 +1,72 @@
+"""The ledger's prebuilt statements: what each sends to the database on every request."""
+
+from __future__ import annotations
+
+from app.credits import statements
+from app.database.driver import driver_form
+from app.extensions import db
+from app.generations.lifecycle import _INSERT_GENERATION
+
+# What a hold with a key sends: its own values and the budget windows' starts, each once.
+HOLD_PARAMETERS = {
+    "hold_id",
+    "holder_id",
+    "amount",
+    "key_id",
+    "key_digest",
+    "placed_at",
+    "expires_at",
+    "day_start",
+    "week_start",
+    "month_start",
+    "now_micros",
+}
+# What a covered settlement with a key sends beside its record: the rows' windows once.
+SETTLEMENT_PARAMETERS = {
+    "hold_id",
+    "open",
+    "holder_id",
+    "charge",
+    "released",
+    "key_id",
+    "used_at",
+    "generation_id",
+    "day_start",
+    "week_start",
+    "month_start",
+    "commit_waits",
+}
+
+
+def test_a_hold_binds_each_value_once_and_no_constant(app_context):
+    hold = statements.hold_in_one_statement(
+        statements.ACCOUNT_COVERS, statements.KEY_WITHIN_LIMIT, statements.MEMBER_WITHIN_BUDGET
+    )
+    prepared = driver_form(hold, db.engine.dialect, for_prepare=True)
+    assert sorted(prepared.names) == sorted(HOLD_PARAMETERS)
+
+
+def test_the_steps_of_a_hold_bind_each_value_once(app_context):
+    on_key = statements.reserve_on_key(statements.KEY_WITHIN_LIMIT)
+    form = driver_form(on_key, db.engine.dialect)
+    assert len(form.names) == len(set(form.names))
+    assert set(form.names) == {
+        "key_id",
+        "key_digest",
+        "amount",
+        "day_start",
+        "week_start",
+        "month_start",
+        "now_micros",
+    }
+
+
+def test_a_settlement_with_its_record_sends_the_rollups_values_once(app_context):
+    recorded = tuple(_INSERT_GENERATION.table.c.keys())
+    record = _INSERT_GENERATION, recorded
+    settlement = statements.settlement_in_one_statement(True, True, record, True)
+    names = driver_form(settlement, db.engine.dialect, for_prepare=True).names
+    assert not [name for name in names if name.startswith(statements.ROLLUP_PREFIX)]
+    assert sorted(names) == sorted(
+        {statements.RECORD_PREFIX + name for name in recorded} | SETTLEMENT_PARAMETERS
+    )
