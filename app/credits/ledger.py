@@ -287,8 +287,15 @@ def _hold_steps(
     )
     if reserved != 1:
         raise _HoldRefused(_BALANCE_SHORT)
-    if hold["api_key_id"] is not None:
+    key_id = hold["api_key_id"]
+    if key_id is not None and key_id not in _keys_reserved_on:
+        # A key and member without budgets: the hold's row, written from what it reads.
+        parameters = _hold_parameters(hold, windows, key_digest)
+        if execute_on_driver(connection, statements.INSERT_HOLD_RESERVING_NOTHING, parameters):
+            return _HELD
+    if key_id is not None:
         _reserve_on_key_and_member(connection, hold, windows, key_digest)
+        _keys_reserved_on.note(key_id, hold["reserved_on_key"] or hold["reserved_on_member"])
     execute_on_driver(connection, statements.INSERT_HOLD, hold)
     return _HELD
 
@@ -337,10 +344,11 @@ def _reserve(
 class _KeysReservedOn:
     """The keys whose last hold in this process reserved on the key's or its member's row.
 
-    Their holds go straight to the statement that reserves (hold_in_one_statement);
-    any other key's first try the one that reserves nothing (hold_without_reservations),
-    which says if a row needs a reservation after all. A key forgotten, or remembered
-    after its budget is gone, costs a round trip, never a wrong hold.
+    Their holds go straight to the statements that reserve (hold_in_one_statement, or
+    the steps that read the rows and reserve); any other key's first try the one that
+    reserves nothing (hold_without_reservations, INSERT_HOLD_RESERVING_NOTHING), which
+    places nothing if a row needs a reservation after all. A key forgotten, or
+    remembered after its budget is gone, costs a statement, never a wrong hold.
     """
 
     MOST = 10_000

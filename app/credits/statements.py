@@ -591,7 +591,19 @@ def _notes_of_hold(passed: CTE, on_key: CTE, on_member: CTE) -> list[Any]:
 
 def _insert_hold(notes: list[Any], gate: Any) -> CTE:
     """Return the INSERT of the hold's row, applied only through ``gate``."""
-    hold_row = select(
+    hold_row = select(*_hold_values(), *notes).where(gate)
+    return insert(holds).from_select(_HOLD_COLUMNS, hold_row).cte("inserted_hold")
+
+
+# A hold's row: its own values, then what it notes of its key's and member's rows.
+_HOLD_COLUMNS = ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"]
+_HOLD_COLUMNS += ["key_window_start", "member_window_start"]
+_HOLD_COLUMNS += ["reserved_on_key", "reserved_on_member"]
+
+
+def _hold_values() -> list[Any]:
+    """Return a hold's own values, as parameters, in _HOLD_COLUMNS' order."""
+    return [
         bindparam("hold_id", type_=String()),
         bindparam("holder_id"),
         amount,
@@ -599,11 +611,24 @@ def _insert_hold(notes: list[Any], gate: Any) -> CTE:
         constant(OPEN),
         bindparam("placed_at", type_=UTCDateTime()),
         bindparam("expires_at", type_=UTCDateTime()),
-        *notes,
-    ).where(gate)
-    columns = ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"]
-    columns += ["key_window_start", "member_window_start", "reserved_on_key", "reserved_on_member"]
-    return insert(holds).from_select(columns, hold_row).cte("inserted_hold")
+    ]
+
+
+def _insert_hold_reading_rows() -> Insert:
+    """Return the INSERT of a hold's row from its key's and member's rows, read."""
+    windows = [window_start_now(keys), window_start_now(memberships)]
+    row = (
+        select(*_hold_values(), *windows, false(), false())
+        .join_from(keys, memberships, memberships.c.id == keys.c.member_id)
+        .where(KEY_ROW, KEY_AS_PRESENTED, ~reserves_on(keys), ~reserves_on(memberships))
+    )
+    return insert(holds).from_select(_HOLD_COLUMNS, row)
+
+
+# The hold's row, written only if its key is as presented and neither its row nor its
+# member's is reserved on: the windows read noted, nothing reserved. SQLite's hold with
+# a key without budgets, in one statement after the account's reservation.
+INSERT_HOLD_RESERVING_NOTHING = _insert_hold_reading_rows()
 
 
 def _row_count(cte: CTE) -> ScalarSelect:

@@ -455,19 +455,29 @@ def test_the_audit_finds_a_reservation_its_hold_did_not_make(app_context, clock)
 
 
 def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock, monkeypatch):
-    if db.engine.dialect.name != "postgresql":
-        pytest.skip("a hold is one statement on PostgreSQL, in one of two shapes")
     account = AccountFactory.create(credits=Decimal("10"))
     key_id = create_key(account_id=account.id, name="shapes").id
-    without = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
+    # PostgreSQL's hold is one statement, SQLite's steps end with the hold's INSERT.
+    without = (
+        statements.hold_without_reservations(statements.ACCOUNT_COVERS),
+        statements.INSERT_HOLD_RESERVING_NOTHING,
+    )
+    reserving = (statements.INSERT_HOLD,)
     sent = []
-    execute_alone = ledger.execute_alone
 
-    def noting(statement, parameters, **options):
-        sent.append("without" if statement is without else "reserving")
-        return execute_alone(statement, parameters, **options)
+    def noting(run, sent_alone: bool):
+        def run_noted(*arguments, **options):
+            statement = arguments[0] if sent_alone else arguments[1]
+            if statement in without:
+                sent.append("without")
+            elif sent_alone or statement in reserving:
+                sent.append("reserving")
+            return run(*arguments, **options)
 
-    monkeypatch.setattr(ledger, "execute_alone", noting)
+        return run_noted
+
+    monkeypatch.setattr(ledger, "execute_alone", noting(ledger.execute_alone, True))
+    monkeypatch.setattr(ledger, "execute_on_driver", noting(ledger.execute_on_driver, False))
 
     def shapes_of_a_hold() -> list[str]:
         sent.clear()
