@@ -3,9 +3,13 @@
 Constructing a statement costs more CPU than executing it (about 0.15 ms each), and a
 prebuilt one's cache key is memoized. SQLite runs the guarded UPDATEs one at a time in
 a transaction; PostgreSQL runs the same guards and changes as one statement built from
-them (``hold_in_one_statement``, ``settlement_in_one_statement``), alone. The builders
-take the guards as arguments, looked up when they are called, so that a test can swap
-one for a broken one and watch the invariants catch it.
+them (``hold_in_one_statement``, ``settlement_in_one_statement``), alone. A hold whose
+key and member have no budget reserves on the account alone, and each database has a
+statement for it that sets up nothing of the rows' reservations
+(``hold_without_reservations``, ``INSERT_HOLD_RESERVING_NOTHING``). The builders take
+the guards as arguments, looked up when they are called, so that a test can swap one
+for a broken one and watch the invariants catch it. Constants are written into the
+statements' text (``constant``); every value sent is a parameter bound once.
 
 No parameter is named like a column of the table a statement updates: SQLAlchemy
 would SET every column named by a parameter of the execution.
