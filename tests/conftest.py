@@ -82,6 +82,15 @@ def app(database_url: str):
 
 
 @pytest.fixture
+def empty_database_url(database_url: str, tmp_path) -> Iterator[str]:
+    """A database of its own, on the session's backend, that no migration has run on."""
+    if database_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'migrated.sqlite3'}"
+        return
+    yield from _fresh_postgres_database(os.environ["TEST_DATABASE_URL"])
+
+
+@pytest.fixture
 def disposable_app(database_url: str, tmp_path) -> Iterator[Flask]:
     """The app on a database of its own, for a ledger broken on purpose, or pruned.
 

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from decimal import Decimal
 
-import pytest
 from flask_migrate import downgrade, upgrade
 from sqlalchemy import text
 
 from app import create_app
 from app.extensions import db
-from tests.conftest import TEST_CATALOG, _fresh_postgres_database
+from tests.conftest import TEST_CATALOG
 from tests.factories import AccountFactory
-
-
-@pytest.fixture
-def empty_database_url(database_url: str, tmp_path) -> Iterator[str]:
-    """A database of its own, on the session's backend, that no migration has run on."""
-    if database_url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path / 'migrated.sqlite3'}"
-        return
-    yield from _fresh_postgres_database(os.environ["TEST_DATABASE_URL"])
 
 
 def spend_on_key(key_id: int, spent_units: int) -> None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-import pytest
 from flask_migrate import upgrade
 from sqlalchemy import column, insert, select, table, update
 
@@ -20,18 +17,8 @@ from app.credits.ledger import month_start
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
-from tests.conftest import TEST_CATALOG, _fresh_postgres_database
+from tests.conftest import TEST_CATALOG
 from tests.previous_release import API_KEYS_AT_0018, insert_account, insert_key
-
-
-@pytest.fixture
-def empty_database_url(database_url: str, tmp_path) -> Iterator[str]:
-    """A database of its own, on the session's backend, that no migration has run on."""
-    if database_url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path / 'migrated.sqlite3'}"
-        return
-    yield from _fresh_postgres_database(os.environ["TEST_DATABASE_URL"])
-
 
 # The generations table as revision 0007 has it: the model has columns added since.
 GENERATIONS_AT_0007 = table(
