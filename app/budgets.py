@@ -39,7 +39,8 @@ class BudgetCounters:
     ``budget`` is the amount in USD (None: no budget; the spend is counted all the
     same, in ``budget_window``); ``window_spent`` is what was charged in the window that
     started at ``window_start`` (Unix microseconds, UTC) and ``window_reserved`` what the
-    row's open holds set aside, whichever window they were placed in.
+    open holds that reserved on the row set aside, whichever window they were placed in
+    (a hold reserves on a row with a budget, or a rolling window, only).
     """
 
     budget = mapped_column(Money, nullable=True)

@@ -23,9 +23,10 @@ class ApiKey(BudgetCounters, db.Model):
     A key may be limited to some models (``permitted_models``; None permits every model)
     and to a budget (``app.budgets.BudgetCounters``: an amount in USD a window, the
     month by default, which the API calls its ``monthly_limit``). For every key the
-    window's spend and its open holds' reservation are counted; for a key with a budget
-    a hold is placed only while spent + reserved + the hold stay within the budget, in
-    the hold's transaction.
+    window's spend is counted; for a key with a budget its open holds are reserved on
+    its row too, and a hold is placed only while spent + reserved + the hold stay within
+    the budget, in the hold's transaction (a key without a budget is only read by its
+    holds, and reserves nothing).
     """
 
     __tablename__ = "api_keys"

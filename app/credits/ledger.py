@@ -219,10 +219,10 @@ def place_hold(
 
     ``hold_id`` names the hold: a generation's hold takes the generation's id, so that
     whatever finds the hold (the sweeper, a retried Idempotency-Key) knows whose it is.
-    With ``key_id`` the amount is also reserved on the key's row and on its member's,
-    in the same transaction, within their budgets if they have them, and only while the
-    key is active (and still has ``key_digest``, the digest its caller presented, if
-    given).
+    With ``key_id`` the hold is placed only while the key is active (and still has
+    ``key_digest``, the digest its caller presented, if given), and the amount is also
+    reserved, in the same transaction, within their budgets, on the key's row and on
+    its member's where they have budgets (the others are only read).
     Holds left behind by dead workers are released first when they stand in the way.
 
     :raise KeyRevoked: the key was revoked since its caller was found.
