@@ -476,6 +476,8 @@ def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock
 
         return run_noted
 
+    # The process remembers keys by id: another test's database may have had this id.
+    monkeypatch.setattr(ledger, "_keys_reserved_on", ledger._KeysReservedOn())
     monkeypatch.setattr(ledger, "execute_alone", noting(ledger.execute_alone, True))
     monkeypatch.setattr(ledger, "execute_on_driver", noting(ledger.execute_on_driver, False))
 
