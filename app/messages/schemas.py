@@ -12,6 +12,7 @@ can run on a translated route. Errors name the first offending field as a path
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,13 +124,20 @@ class BlocksField(OptionalField):
         blocks = "text blocks" if only else "content blocks"
         self.error_messages["invalid"] = f"must be a string or an array of {blocks}."
 
+    @functools.cached_property
+    def schemas(self) -> dict[str, Schema]:
+        """Return the schemas of ``kinds``, picked once.
+
+        BLOCKS is read at the first request parsed: it is made below the block schemas.
+        """
+        return BLOCKS if self.kinds is None else {kind: BLOCKS[kind] for kind in self.kinds}
+
     def _deserialize(self, value, attr, data, **kwargs):
         if type(value) is str:
             return value
         if type(value) is not list:
             raise self.make_error("invalid")
-        # BLOCKS is read here, when a request is parsed: it is made below the block schemas.
-        schemas = BLOCKS if self.kinds is None else {kind: BLOCKS[kind] for kind in self.kinds}
+        schemas = self.schemas
         blocks = [load_block(block, index, schemas) for index, block in enumerate(value)]
         if self.only:
             for index, block in enumerate(blocks):
