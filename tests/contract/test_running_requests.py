@@ -92,12 +92,14 @@ def charges_of(app, account_id) -> tuple[Decimal, list[Generation]]:
         generations = db.session.scalars(
             select(Generation).where(Generation.account_id == account_id)
         ).all()
-        charged = db.session.scalars(
-            select(LedgerEntry.amount).where(
+        charged = db.session.execute(
+            select(LedgerEntry.generation_id, LedgerEntry.amount).where(
                 LedgerEntry.account_id == account_id, LedgerEntry.kind == "charge"
             )
         ).all()
-        assert [-amount for amount in charged] == [g.cost for g in generations]
+        assert {generation: -amount for generation, amount in charged} == {
+            g.id: g.cost for g in generations
+        }
         return balance, generations
 
 

@@ -37,7 +37,11 @@ def no_pauses(monkeypatch):
 def charges_of(account_id: int) -> list[Decimal]:
     db.session.expire_all()
     return list(
-        db.session.scalars(select(LedgerEntry.amount).where(LedgerEntry.account_id == account_id))
+        db.session.scalars(
+            select(LedgerEntry.amount)
+            .where(LedgerEntry.account_id == account_id)
+            .order_by(LedgerEntry.id)
+        )
     )
 
 
