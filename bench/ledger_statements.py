@@ -118,7 +118,7 @@ class Ledger:
     def record(self, generation_id: str) -> tuple[Any, dict[str, Any]]:
         """Return a chat completion's record, as app.generations.lifecycle writes it."""
         from app.database import utcnow
-        from app.generations.lifecycle import _INSERT_GENERATION
+        from app.generations.lifecycle import INSERT_GENERATION
 
         prices = {"prompt": "0.5", "completion": "1.5", "cached_read": "0.05", "image": "0.25"}
         row = {
@@ -145,7 +145,7 @@ class Ledger:
             "time_to_first_token_ms": None,
             "upstream_attempts": [],
         }
-        return _INSERT_GENERATION, row
+        return INSERT_GENERATION, row
 
     def close(self) -> None:
         """Close the app's connections, before the server stops."""

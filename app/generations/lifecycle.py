@@ -56,8 +56,9 @@ from app.providers.router import (
     stream_on_routes,
 )
 
-# Built once: a statement costs more CPU to construct than to execute.
-_INSERT_GENERATION = insert(GenerationRecord.__table__)
+# The statement that records a generation, which its settlement carries (see
+# generation_record). Built once: a statement costs more CPU to construct than to execute.
+INSERT_GENERATION = insert(GenerationRecord.__table__)
 
 
 @dataclass
@@ -367,7 +368,7 @@ def generation_record(
 ) -> BoundStatement:
     """Return the INSERT of the generation's record; the ledger fills in its cost."""
     pricing = generation.model.pricing
-    return _INSERT_GENERATION, {
+    return INSERT_GENERATION, {
         "id": generation.id,
         "account_id": generation.caller.account_id,
         "api_key_id": generation.caller.key_id,
@@ -446,7 +447,7 @@ def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
         hold,
         cost=cost_of(usage, pricing),
         generation_id=hold.id,
-        record=(_INSERT_GENERATION, record),
+        record=(INSERT_GENERATION, record),
         rollup=rollup_of(record),
     )
 

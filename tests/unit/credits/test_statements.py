@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.credits import statements
 from app.database.driver import driver_form
 from app.extensions import db
-from app.generations.lifecycle import _INSERT_GENERATION
+from app.generations.lifecycle import INSERT_GENERATION
 
 # What a hold with a key sends: its own values and the budget windows' starts, each once.
 HOLD_PARAMETERS = {
@@ -62,8 +62,8 @@ def test_the_steps_of_a_hold_bind_each_value_once(app_context):
 
 
 def test_a_settlement_with_its_record_sends_the_rollups_values_once(app_context):
-    recorded = tuple(_INSERT_GENERATION.table.c.keys())
-    record = _INSERT_GENERATION, recorded
+    recorded = tuple(INSERT_GENERATION.table.c.keys())
+    record = INSERT_GENERATION, recorded
     settlement = statements.settlement_in_one_statement(True, True, record, True)
     names = driver_form(settlement, db.engine.dialect, for_prepare=True).names
     assert not [name for name in names if name.startswith(statements.ROLLUP_PREFIX)]
