@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -13,6 +15,7 @@ from app.accounts.keys import create_key, delete_key
 from app.dashboard import usage
 from app.extensions import db
 from app.generations.models import Generation
+from app.money import usd_text
 
 HEADER = (
     "time,id,model,api,key,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,"
@@ -114,3 +117,63 @@ def test_a_filtered_csv_keeps_the_rows_it_names_byte_for_byte(exported, monkeypa
 
     assert by_key == expected(prefix, ROWS[1], ROWS[4])
     assert by_model_and_dates.get_data(as_text=True) == expected(prefix, ROWS[4])
+
+
+# Texts with every character csv.writer quotes for, or the formula guard prefixes for.
+AWKWARD = ["plain", "", "a,b", 'say "x"', "line\nbreak", "cr\rhere", "=1+1", "+1", "-1", "@a",
+           "\tx", "\rx", ' "', ",", "'quoted'", "ünïcødé, too"]  # fmt: skip
+
+
+def guarded(text: str) -> str:
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def test_every_awkward_text_is_written_as_csv_writer_writes_it(app, holder_client):
+    client, account_id, _ = holder_client
+    prefix, start = uuid.uuid4().hex, at(2026, 1, 1)
+    written = io.StringIO()
+    writer = csv.writer(written)
+    writer.writerow(HEADER.rstrip("\r\n").split(","))
+    with app.app_context():
+        rows = []
+        for index, text in enumerate(AWKWARD):
+            key = create_key(account_id=account_id, name=text or "-").id
+            generation_id = f"{prefix}{index:02d}{text}"
+            moment = start + timedelta(seconds=index)
+            units = 10 ** (index % 12) + index
+            rows.append(
+                {"id": generation_id, "account_id": account_id, "api_key_id": key,
+                 "model": text, "api": text, "status": text, "cost": Decimal(units) / 10**10,
+                 "latency_ms": index, "streamed": index % 2 == 0, "estimated": index % 3 == 0,
+                 "created_at": moment}
+            )  # fmt: skip
+            expected = [moment.isoformat(timespec="microseconds"), generation_id, guarded(text),
+                        text, guarded(text or "-"), 0, 0, 0, 0, usd_text(units), index, text,
+                        str(index % 2 == 0).lower(), str(index % 3 == 0).lower()]  # fmt: skip
+            rows[-1]["expected"] = expected
+        for row in reversed(rows):
+            writer.writerow(row.pop("expected"))
+        db.session.execute(insert(Generation), rows)
+        db.session.commit()
+
+    assert client.get("/usage.csv").get_data(as_text=True) == written.getvalue()
+
+
+@pytest.mark.parametrize(
+    "units",
+    [0, 1, 9, 10, 10**9, 5 * 10**9, 10**10 - 1, 10**10, 10**10 + 1, 12_345_678_901,
+     999_999_999_999, 10**17 + 3, 2**62],
+)  # fmt: skip
+def test_the_cost_is_spelled_as_usd_text_spells_its_units(app, holder_client, units):
+    client, account_id, _ = holder_client
+    with app.app_context():
+        db.session.execute(
+            insert(Generation),
+            [{"id": uuid.uuid4().hex, "account_id": account_id, "model": "dev-chat",
+              "status": "completed", "cost": Decimal(units) / 10**10}],
+        )  # fmt: skip
+        db.session.commit()
+
+    (record,) = csv.DictReader(io.StringIO(client.get("/usage.csv").get_data(as_text=True)))
+
+    assert record["cost_usd"] == usd_text(units)
