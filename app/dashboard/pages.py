@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Select, and_, or_
+from sqlalchemy import Integer, Select, and_, bindparam, or_
 
+from app.database.driver import driver_cursor, driver_form
 from app.extensions import db
 
 Row = TypeVar("Row")
@@ -116,22 +117,75 @@ def fetch_keyset_page(
     return KeysetPage(items, newer, older)
 
 
-def keyset_batches(
-    statement: Select[Any], order: Order, position: Position, size: int
-) -> Iterator[list[Any]]:
-    """Yield every row of ``statement``, newest first, in lists of ``size`` rows (one read each).
+# A batch's cursor and size, bound by name: a listing's statements are built and compiled
+# once, and each batch sends its values.
+KEYSET_MOMENT, KEYSET_ID, KEYSET_SIZE = "keyset_moment", "keyset_id", "keyset_size"
 
-    Each batch is a query of its own, ended before its rows are yielded.
+
+@dataclass(frozen=True)
+class KeysetBatches:
+    """A listing read newest first in batches: its first batch's statement, and the next's.
+
+    Both take the listing's own parameters and ``KEYSET_SIZE``; the next batch's also
+    the last row seen, as ``KEYSET_MOMENT`` and ``KEYSET_ID``.
     """
-    cursor = None
-    while True:
-        page = statement if cursor is None else statement.where(_older_than(order, cursor))
-        batch = page.order_by(*(column.desc() for column in order)).limit(size)
-        # Rows of values, read as Core reads them: no ORM loading per row.
-        rows = db.session.connection().execute(batch).all()
-        db.session.commit()
-        if rows:
-            yield rows
+
+    first: Select[Any]
+    after: Select[Any]
+
+
+def keyset_statements(statement: Select[Any], order: Order) -> KeysetBatches:
+    """Return the statements that read ``statement``'s rows newest first, a batch each."""
+    moment, row_id = order
+    last_moment = bindparam(KEYSET_MOMENT, type_=moment.type)
+    older = and_(
+        moment <= last_moment,
+        or_(moment < last_moment, row_id < bindparam(KEYSET_ID, type_=row_id.type)),
+    )
+    newest_first = [column.desc() for column in order]
+    size = bindparam(KEYSET_SIZE, type_=Integer())
+    return KeysetBatches(
+        first=statement.order_by(*newest_first).limit(size),
+        after=statement.where(older).order_by(*newest_first).limit(size),
+    )
+
+
+def keyset_batches(
+    statements: KeysetBatches, parameters: dict[str, Any], position: Position, size: int
+) -> Iterator[Sequence[Any]]:
+    """Yield every row of ``statements``' listing, newest first, in lists of ``size`` rows.
+
+    Each batch is a read of its own, ended before its rows are yielded: memory stays
+    that of one batch however long the listing, and no read stays open while the rows
+    are sent.
+    """
+    rows = _read_batch(statements.first, {**parameters, KEYSET_SIZE: size})
+    while rows:
+        yield rows
         if len(rows) < size:
             return
-        cursor = position(rows[-1])
+        last = position(rows[-1])
+        after = {KEYSET_SIZE: size, KEYSET_MOMENT: last.moment, KEYSET_ID: last.id}
+        rows = _read_batch(statements.after, {**parameters, **after})
+
+
+def _read_batch(statement: Select[Any], parameters: dict[str, Any]) -> Sequence[Any]:
+    """Run a read compiled once on the driver; return its rows as the driver reads them.
+
+    A row is the driver's own tuple when no column needs SQLAlchemy's processing: a long
+    listing is read without a Row built per row. A statement whose parameters the driver
+    cannot take as compiled (an expanding IN) runs through SQLAlchemy.
+    """
+    connection = db.session.connection()
+    form = driver_form(statement, connection.dialect, tuple(parameters))
+    if form.slots is None:
+        rows: Sequence[Any] = connection.execute(statement, parameters).all()
+    else:
+        cursor = driver_cursor(connection, form.text, form.arguments(parameters))
+        if any(form.result_processors):
+            rows = form.rows(cursor)
+        else:
+            rows = cursor.fetchall()
+            cursor.close()
+    db.session.commit()
+    return rows

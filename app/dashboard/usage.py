@@ -9,22 +9,43 @@ first by (time, id).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, String, case, func, select, type_coerce
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Select,
+    String,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    select,
+    type_coerce,
+)
 
 from app.accounts.models import Membership, Person
 from app.auth.models import DELETED, ApiKey
 from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, UsageRollup
-from app.dashboard.pages import Cursor, KeysetPage, fetch_keyset_page, keyset_batches
+from app.dashboard.pages import (
+    Cursor,
+    KeysetBatches,
+    KeysetPage,
+    fetch_keyset_page,
+    keyset_batches,
+    keyset_statements,
+)
 from app.database import utc_iso_text
 from app.extensions import db
 from app.generations.models import Generation
+from app.money import UNITS_PER_USD
 
 # A deleted key's generations keep its name, marked, so that past spend stays attributed.
 KEY_NAME = case((ApiKey.state == DELETED, ApiKey.name + " (deleted)"), else_=ApiKey.name)
@@ -130,38 +151,106 @@ def _position_of_record(row: Any) -> Cursor:
     return Cursor(row[0].created_at, row[0].id)
 
 
-def _position_of_fields(row: Any) -> Cursor:
-    return Cursor(datetime.fromisoformat(row.time), row.id)
+def _position_of_fields(row: Sequence[Any]) -> Cursor:
+    return Cursor(datetime.fromisoformat(row[0]), row[1])
 
 
-# The CSV's columns of a generation, read as values (a batch outlives its read) and as
-# the CSV writes them: the time as ISO 8601 text, the cost in money units.
+def _units_text(units: Any) -> ColumnElement[str]:
+    """Money units as USD text, spelled as ``app.money.usd_text`` spells them (units >= 0).
+
+    In SQL both databases share: the whole dollars, then the fraction's ten digits
+    without their trailing zeros (1e10 is added to keep its leading zeros, then dropped).
+    """
+    whole, fraction = units // UNITS, units % UNITS
+    digits = func.rtrim(func.substr(cast(fraction + UNITS, String), 2), "0")
+    return cast(whole, String) + case((fraction == 0, ""), else_="." + digits)
+
+
+def _csv_middle(*columns: Any) -> ColumnElement[str]:
+    """Return the columns' texts as one, comma separated (none of them needs quoting)."""
+    text = columns[0]
+    for column in columns[1:]:
+        text = text + "," + column
+    return text
+
+
+def _text(column: Any) -> ColumnElement[str]:
+    return cast(column, String)
+
+
+UNITS = literal_column(str(UNITS_PER_USD), BigInteger)
+# The CSV's columns of a generation, each spelled by the database where it needs no
+# quoting, in both databases' SQL: the time as ISO 8601 text, the integers and the cost
+# (in money units) as one text, the two flags as one. The texts that may need quoting
+# (id, model, api, status) and the key's id are read as stored.
 CSV_FIELDS = (
     utc_iso_text(Generation.created_at).label("time"),
     Generation.id,
     Generation.model,
     Generation.api,
     Generation.api_key_id,
-    Generation.prompt_tokens,
-    Generation.cached_tokens,
-    Generation.completion_tokens,
-    Generation.reasoning_tokens,
-    type_coerce(Generation.cost, BigInteger).label("cost_units"),
-    Generation.latency_ms,
+    _csv_middle(
+        _text(Generation.prompt_tokens),
+        _text(Generation.cached_tokens),
+        _text(Generation.completion_tokens),
+        _text(Generation.reasoning_tokens),
+        _units_text(type_coerce(Generation.cost, BigInteger)),
+        _text(Generation.latency_ms),
+    ).label("counts"),
     Generation.status,
-    Generation.streamed,
-    Generation.estimated,
+    case(
+        (Generation.streamed, case((Generation.estimated, "true,true"), else_="true,false")),
+        (Generation.estimated, "false,true"),
+        else_="false,false",
+    ).label("flags"),
 )
 
 
-def generation_batches(account_id: int, usage: UsageFilter) -> Iterator[list[Any]]:
+@functools.lru_cache(maxsize=32)
+def _csv_statements(
+    has_key: bool, has_keys: bool, has_model: bool, since: bool, until: bool
+) -> KeysetBatches:
+    """Return the CSV's batch statements for a filter of this shape, its values bound by name.
+
+    Built once a shape: the driver's form of each is compiled once (see pages.keyset_batches).
+    """
+    conditions = [Generation.account_id == bindparam("account_id")]
+    if has_key:
+        conditions.append(Generation.api_key_id == bindparam("key_id"))
+    if has_keys:
+        conditions.append(Generation.api_key_id.in_(bindparam("key_ids", expanding=True)))
+    if has_model:
+        conditions.append(Generation.model == bindparam("model"))
+    if since:
+        conditions.append(Generation.created_at >= bindparam("since"))
+    if until:
+        conditions.append(Generation.created_at < bindparam("until"))
+    return keyset_statements(select(*CSV_FIELDS).where(*conditions), NEWEST_FIRST)
+
+
+def _csv_parameters(account_id: int, usage: UsageFilter) -> dict[str, Any]:
+    values = {
+        "account_id": account_id,
+        "key_id": usage.key_id,
+        "key_ids": usage.key_ids,
+        "model": usage.model or None,
+        "since": _day_start(usage.since) if usage.since else None,
+        "until": _day_start(usage.until + timedelta(days=1)) if usage.until else None,
+    }
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def generation_batches(account_id: int, usage: UsageFilter) -> Iterator[Sequence[Any]]:
     """Yield every filtered generation's CSV fields, newest first by (time, id), in batches.
 
     Each batch is a read of its own: memory stays that of one batch however long the
     export, and no read stays open while the rows are sent.
     """
-    statement = _recorded(select(*CSV_FIELDS), account_id, usage)
-    yield from keyset_batches(statement, NEWEST_FIRST, _position_of_fields, CSV_BATCH)
+    parameters = _csv_parameters(account_id, usage)
+    statements = _csv_statements(
+        *(name in parameters for name in ("key_id", "key_ids", "model", "since", "until"))
+    )
+    yield from keyset_batches(statements, parameters, _position_of_fields, CSV_BATCH)
 
 
 def key_names(account_id: int) -> dict[int, str]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import date
 from typing import Any
 
@@ -70,7 +69,6 @@ from app.dashboard.security import (
 from app.dashboard.session import start_session, switch_organisation
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf, db
-from app.money import usd_text
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
@@ -82,13 +80,15 @@ bp = Blueprint(
 )
 bp.add_app_template_filter(format_usd, "usd")
 CHART_DAYS = 30
-CSV_CHUNK = 64 * 1024
 # The generations list's place, carried by its Newer and Older links beside the filter.
 PAGING_ARGS = ("before", "after")
 CSV_COLUMNS = (
     "time", "id", "model", "api", "key", "prompt_tokens", "cached_tokens", "completion_tokens",
     "reasoning_tokens", "cost_usd", "latency_ms", "status", "streamed", "estimated",
 )  # fmt: skip
+CSV_HEADER = ",".join(CSV_COLUMNS) + "\r\n"
+# What makes csv.writer quote a cell: its delimiter, its quote, a line end.
+_NEEDS_QUOTES = re.compile('[,"\r\n]')
 
 
 @bp.before_request
@@ -457,16 +457,12 @@ def usage_page() -> str:
 
 def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
     """Yield the CSV's header, then its rows a batch at a time: one write per batch."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS)
-    names = {key_id: _csv_text(name) for key_id, name in usage.key_names(account_id).items()}
+    names = {
+        key_id: _csv_cell(_csv_text(name)) for key_id, name in usage.key_names(account_id).items()
+    }
+    yield CSV_HEADER
     for batch in usage.generation_batches(account_id, chosen):
-        writer.writerows([_csv_row(row, names) for row in batch])
-        yield buffer.getvalue()
-        buffer.seek(0)
-        buffer.truncate()
-    yield buffer.getvalue()
+        yield _csv_batch(batch, names)
 
 
 def _csv_text(value: str) -> str:
@@ -474,28 +470,39 @@ def _csv_text(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-def _csv_row(row: Any, names: dict[int, str]) -> tuple[object, ...]:
-    (
-        time,
-        generation_id,
-        model,
-        api,
-        key_id,
-        prompt_tokens,
-        cached_tokens,
-        completion_tokens,
-        reasoning_tokens,
-        cost_units,
-        latency_ms,
-        status,
-        streamed,
-        estimated,
-    ) = row
-    return (
-        time, generation_id, _csv_text(model), api, names.get(key_id, ""), prompt_tokens,
-        cached_tokens, completion_tokens, reasoning_tokens, usd_text(cost_units), latency_ms,
-        status, "true" if streamed else "false", "true" if estimated else "false",
-    )  # fmt: skip
+def _csv_cell(value: str) -> str:
+    """Return ``value`` as csv.writer writes a cell (QUOTE_MINIMAL, the default dialect)."""
+    if _NEEDS_QUOTES.search(value):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+class _Cells(dict):
+    """Each text's cell, quoted once: a batch repeats a few models, apis and statuses."""
+
+    def __missing__(self, value: str) -> str:
+        cell = self[value] = _csv_cell(value)
+        return cell
+
+
+class _ModelCells(dict):
+    def __missing__(self, model: str) -> str:
+        cell = self[model] = _csv_cell(_csv_text(model))
+        return cell
+
+
+def _csv_batch(rows: Sequence[Any], names: dict[int, str]) -> str:
+    """Return the CSV lines of a batch of usage.generation_batches' rows.
+
+    The database spelled the time, the counts and cost, and the flags; the texts that
+    may need quoting are quoted here, each distinct one once a batch.
+    """
+    models, cells, quoted = _ModelCells(), _Cells(), _NEEDS_QUOTES.search
+    return "".join([
+        f"{time},{_csv_cell(gid) if quoted(gid) else gid},{models[model]},{cells[api]},"
+        f"{names.get(key_id, '')},{counts},{cells[status]},{flags}\r\n"
+        for time, gid, model, api, key_id, counts, status, flags in rows
+    ])  # fmt: skip
 
 
 @bp.get("/usage.csv")

@@ -121,6 +121,8 @@ def test_a_member_sees_only_their_own_keys_and_usage(app, team):
     assert "member-key" in usage and "owner-key" not in usage and "Per member" not in usage
     csv = member.client.get("/usage.csv").text.splitlines()
     assert len(csv) == 2 and "member-key" in csv[1]
+    # The member's export (its keys bound as a list) writes the row as the owner's does.
+    assert csv[1] in owner.client.get(f"/usage.csv?key={member_key[0]}").text.splitlines()
 
     owner_usage = owner.client.get("/usage").text
     assert "Per member" in owner_usage
