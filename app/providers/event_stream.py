@@ -19,6 +19,8 @@ from app.encoding import loads
 from app.providers.errors import UpstreamError
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+# The line that ends a block cut at a blank line, which the cut took away.
+BLANK_LINE = (b"",)
 
 
 @dataclass(slots=True)
@@ -72,12 +74,35 @@ class EventBuilder:
 
     def take_read(self, read: bytes) -> list[ServerSentEvent]:
         """Apply the lines ``read`` completes; return every event they complete."""
-        lines, self.rest = split_lines(self.rest + read)
-        return self.take(lines)
+        buffer = self.rest + read
+        if b"\r" in buffer:
+            lines, self.rest = split_lines(buffer)
+            return self.take(lines)
+        # Nearly every upstream ends its lines in LF alone, so that a blank line follows
+        # "\n": cut at "\n\n", the read is the blocks of lines each blank line ends,
+        # the same lines as cut at "\n", and most blocks are one event's one data line.
+        blocks = buffer.split(b"\n\n")
+        lines = blocks.pop().split(b"\n")
+        self.rest = lines.pop()
+        events: list[ServerSentEvent] = []
+        for block in blocks:
+            if block[:6] == b"data: " and not self.data and b"\n" not in block:
+                data = block[6:].decode("utf-8", "replace")
+                events.append(ServerSentEvent(self.event or "message", data, True))
+                self.event = ""
+            else:
+                self._take_lines(block.split(b"\n"), events)
+                self._take_lines(BLANK_LINE, events)
+        return self._ended(self._take_lines(lines, events))
 
     def take(self, lines: list[bytes]) -> list[ServerSentEvent]:
         """Apply ``lines``; return every event they complete, all but the last with ``more``."""
-        completed: list[tuple[str, str]] = []
+        return self._ended(self._take_lines(lines, []))
+
+    def _take_lines(
+        self, lines: Iterable[bytes], events: list[ServerSentEvent]
+    ) -> list[ServerSentEvent]:
+        # Appends each event the lines complete to ``events``, as if more followed it.
         for line in lines:
             if line[:6] == b"data: ":
                 # Nearly every line: read here, without _take_field's general parse.
@@ -85,15 +110,18 @@ class EventBuilder:
             elif line:
                 self._take_field(line)
             elif self.data:
-                completed.append((self.event or "message", "\n".join(self.data)))
+                events.append(ServerSentEvent(self.event or "message", "\n".join(self.data), True))
                 self.event, self.data = "", []
             else:
                 self.event = ""
-        last = len(completed) - 1
-        return [
-            ServerSentEvent(event, data, more=index < last)
-            for index, (event, data) in enumerate(completed)
-        ]
+        return events
+
+    @staticmethod
+    def _ended(events: list[ServerSentEvent]) -> list[ServerSentEvent]:
+        # The last event a read completes is the one no other follows without a wait.
+        if events:
+            events[-1].more = False
+        return events
 
     def _take_field(self, line: bytes) -> None:
         if line[:1] == b":":
