@@ -21,6 +21,8 @@ from app.providers.errors import UpstreamError
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 # The line that ends a block cut at a blank line, which the cut took away.
 BLANK_LINE = (b"",)
+# Read after the last read: it ends the line a CR may have left unfinished.
+END_OF_STREAM = (b"\n",)
 
 
 @dataclass(slots=True)
@@ -50,17 +52,16 @@ def split_lines(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 
 def read_events(reads: Iterable[bytes]) -> Iterator[ServerSentEvent]:
-    """Yield the events of a stream delivered as ``reads`` of any size.
+    """Return the events of a stream delivered as ``reads`` of any size, as they come.
 
     Every event but the last that a read completes says ``more``.
     """
-    builder = EventBuilder()
-    # Mapped, not looped over: a loop's variables would keep the last read and its lines
-    # for as long as the stream waits for the next.
-    yield from chain.from_iterable(map(builder.take_read, reads))
-    # A CR held back at the end still ends its line; an event without its blank line is
-    # unfinished and dropped, as the rules say.
-    yield from builder.take_read(b"\n")
+    # Chained in C, not yielded by a generator, whose frame every event would resume;
+    # nor looped over, whose variables would keep the last read and its lines for as
+    # long as the stream waits for the next. The line end read last ends a line whose
+    # CR was held back; an event without its blank line is unfinished and dropped, as
+    # the rules say.
+    return chain.from_iterable(map(EventBuilder().take_read, chain(reads, END_OF_STREAM)))
 
 
 class EventBuilder:
