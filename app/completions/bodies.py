@@ -63,17 +63,24 @@ def chunk_bodies(
     (``stream_options.include_usage``). Closing this closes the generation's stream.
     """
     fingerprint = fingerprint_of(generation.model.id)
+    # Every chunk is a copy of this one with its own fingerprint and choices: the
+    # generation's fields are read once a stream, not once a chunk.
+    head = chunk_body(generation, [], fingerprint)
     try:
         for item in items:
             if item is None:
                 yield None
             elif isinstance(item, StreamEnd):
                 if generation.request.include_usage:
-                    body = chunk_body(generation, [], fingerprint)
+                    body = head.copy()
+                    body["system_fingerprint"], body["choices"] = fingerprint, []
                     body["usage"] = usage_body(item.usage, item.cost)
                     yield body
             else:
                 fingerprint = item.system_fingerprint or fingerprint
-                yield chunk_body(generation, item.choices, fingerprint)
+                body = head.copy()
+                body["system_fingerprint"] = fingerprint
+                body["choices"] = item.choices
+                yield body
     finally:
         items.close()

@@ -229,13 +229,15 @@ def stream_generation(generation: Generation) -> Iterator[StreamItem]:
     """
     meter = generation.meter = StreamMeter(generation)
     status = FAILED
-    chunks = stream_on_routes(generation.model.routes, generation.request, generation.trace)
+    trace = generation.trace
+    chunks = stream_on_routes(generation.model.routes, generation.request, trace)
     try:
         for chunk in chunks:
             if chunk.usage is not None:
                 meter.usage = chunk.usage
             if chunk.choices:
-                generation.trace.note_first_token()
+                if trace.first_token_seconds is None:
+                    trace.note_first_token()
                 meter.observe(chunk)
                 yield chunk
             if not chunk.more:

@@ -8,7 +8,7 @@ worker can record it (app.sweeper) for the stream to be billed even if the worke
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.catalog.registry import Model
 from app.providers.base import ChatRequest, Chunk, Usage
@@ -137,13 +137,20 @@ class StreamMeter(DeliveryMeter):
 
     def observe(self, chunk: Chunk) -> None:
         """Remember the generated text and finish reason of a delivered chunk."""
+        pieces = self._pieces
         for choice in chunk.choices:
             delta = choice.get("delta") or {}
-            for key in ("content", "reasoning"):
-                if text := delta.get(key):
-                    self._pieces.append(text)
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))
-            if choice.get("finish_reason") and self.finish_reason is None:
+            # Written out, not looped over the two keys: this runs for every chunk.
+            if text := delta.get("content"):
+                pieces.append(text)
+            if text := delta.get("reasoning"):
+                pieces.append(text)
+            if "tool_calls" in delta:
+                self._observe_calls(delta["tool_calls"] or ())
+            if self.finish_reason is None and choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def _observe_calls(self, calls: list[dict[str, Any]]) -> None:
+        for call in calls:
+            function = call.get("function") or {}
+            self._pieces.extend(filter(None, (function.get("name"), function.get("arguments"))))

@@ -19,6 +19,10 @@ from app.encoding import loads
 from app.providers.errors import UpstreamError
 
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+# The line that ends a block cut at a blank line, which the cut took away.
+BLANK_LINE = (b"",)
+# Read after the last read: it ends the line a CR may have left unfinished.
+END_OF_STREAM = (b"\n",)
 
 
 @dataclass(slots=True)
@@ -48,17 +52,16 @@ def split_lines(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 
 def read_events(reads: Iterable[bytes]) -> Iterator[ServerSentEvent]:
-    """Yield the events of a stream delivered as ``reads`` of any size.
+    """Return the events of a stream delivered as ``reads`` of any size, as they come.
 
     Every event but the last that a read completes says ``more``.
     """
-    builder = EventBuilder()
-    # Mapped, not looped over: a loop's variables would keep the last read and its lines
-    # for as long as the stream waits for the next.
-    yield from chain.from_iterable(map(builder.take_read, reads))
-    # A CR held back at the end still ends its line; an event without its blank line is
-    # unfinished and dropped, as the rules say.
-    yield from builder.take_read(b"\n")
+    # Chained in C, not yielded by a generator, whose frame every event would resume;
+    # nor looped over, whose variables would keep the last read and its lines for as
+    # long as the stream waits for the next. The line end read last ends a line whose
+    # CR was held back; an event without its blank line is unfinished and dropped, as
+    # the rules say.
+    return chain.from_iterable(map(EventBuilder().take_read, chain(reads, END_OF_STREAM)))
 
 
 class EventBuilder:
@@ -72,12 +75,35 @@ class EventBuilder:
 
     def take_read(self, read: bytes) -> list[ServerSentEvent]:
         """Apply the lines ``read`` completes; return every event they complete."""
-        lines, self.rest = split_lines(self.rest + read)
-        return self.take(lines)
+        buffer = self.rest + read
+        if b"\r" in buffer:
+            lines, self.rest = split_lines(buffer)
+            return self.take(lines)
+        # Nearly every upstream ends its lines in LF alone, so that a blank line follows
+        # "\n": cut at "\n\n", the read is the blocks of lines each blank line ends,
+        # the same lines as cut at "\n", and most blocks are one event's one data line.
+        blocks = buffer.split(b"\n\n")
+        lines = blocks.pop().split(b"\n")
+        self.rest = lines.pop()
+        events: list[ServerSentEvent] = []
+        for block in blocks:
+            if block[:6] == b"data: " and not self.data and b"\n" not in block:
+                data = block[6:].decode("utf-8", "replace")
+                events.append(ServerSentEvent(self.event or "message", data, True))
+                self.event = ""
+            else:
+                self._take_lines(block.split(b"\n"), events)
+                self._take_lines(BLANK_LINE, events)
+        return self._ended(self._take_lines(lines, events))
 
     def take(self, lines: list[bytes]) -> list[ServerSentEvent]:
         """Apply ``lines``; return every event they complete, all but the last with ``more``."""
-        completed: list[tuple[str, str]] = []
+        return self._ended(self._take_lines(lines, []))
+
+    def _take_lines(
+        self, lines: Iterable[bytes], events: list[ServerSentEvent]
+    ) -> list[ServerSentEvent]:
+        # Appends each event the lines complete to ``events``, as if more followed it.
         for line in lines:
             if line[:6] == b"data: ":
                 # Nearly every line: read here, without _take_field's general parse.
@@ -85,15 +111,18 @@ class EventBuilder:
             elif line:
                 self._take_field(line)
             elif self.data:
-                completed.append((self.event or "message", "\n".join(self.data)))
+                events.append(ServerSentEvent(self.event or "message", "\n".join(self.data), True))
                 self.event, self.data = "", []
             else:
                 self.event = ""
-        last = len(completed) - 1
-        return [
-            ServerSentEvent(event, data, more=index < last)
-            for index, (event, data) in enumerate(completed)
-        ]
+        return events
+
+    @staticmethod
+    def _ended(events: list[ServerSentEvent]) -> list[ServerSentEvent]:
+        # The last event a read completes is the one no other follows without a wait.
+        if events:
+            events[-1].more = False
+        return events
 
     def _take_field(self, line: bytes) -> None:
         if line[:1] == b":":

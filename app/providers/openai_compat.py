@@ -68,7 +68,14 @@ def usage_from(raw: dict[str, Any]) -> Usage:
 
 
 def public_fields(message: dict[str, Any]) -> dict[str, Any]:
-    """Keep the contract's fields of a message or delta that are set; rename reasoning."""
+    """Keep the contract's fields of a message or delta that are set; rename reasoning.
+
+    A message that holds only such fields is returned itself, not copied.
+    """
+    values = message.values()
+    if MESSAGE_FIELDS.issuperset(message) and None not in values and [] not in values:
+        # Nearly every delta: its text alone, checked in C without a copy's walk.
+        return message
     # A delta holds a field or two of the six: going over its own is the shorter walk.
     fields = {
         key: value
@@ -94,6 +101,7 @@ def choice_from(raw: dict[str, Any]) -> dict[str, Any]:
 
 def delta_choice_from(raw: dict[str, Any]) -> dict[str, Any]:
     """Read one choice of a stream chunk into the contract's chunk choice shape."""
+    # Built here, not taken from the upstream: its keys in the contract's order.
     choice = {
         "index": raw.get("index", 0),
         "delta": public_fields(raw.get("delta") or {}),
@@ -114,15 +122,6 @@ def generated_texts(choices: list[dict[str, Any]]) -> Iterator[tuple[str, str | 
             function = call.get("function") or {}
             yield "tool_call", function.get("name")
             yield "tool_call", function.get("arguments")
-
-
-def event_payload(event: ServerSentEvent) -> dict[str, Any]:
-    """Decode one event's JSON; raise UpstreamError for garbage or an error the upstream sent."""
-    payload = json_object(event.data)
-    if event.event == "error" or payload.get("error"):
-        # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
-        raise UpstreamError("The model's upstream failed mid-answer.")
-    return payload
 
 
 class OpenAICompatAdapter(HttpUpstreamAdapter):
@@ -258,16 +257,24 @@ class StreamRelay:
         if event.data == DONE:
             self.finished = self.done = True
             return None
-        payload = event_payload(event)
+        payload = json_object(event.data)
+        if event.event == "error" or payload.get("error"):
+            # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
+            raise UpstreamError("The model's upstream failed mid-answer.")
         if isinstance(raw_usage := payload.get("usage"), dict):
             self.usage = usage_from(raw_usage)
         if raw_choices := payload.get("choices"):
-            choices = [delta_choice_from(choice) for choice in raw_choices]
+            # Nearly every chunk has one choice: read without a comprehension's call.
+            if len(raw_choices) == 1:
+                choices = [delta_choice_from(raw_choices[0])]
+            else:
+                choices = [delta_choice_from(choice) for choice in raw_choices]
             self.finished = self.finished or any(map(_FINISH_REASON, choices))
-            if isinstance(payload.get("system_fingerprint"), str):
-                self.fingerprint = payload["system_fingerprint"]
-            self.held = event.more
-            return Chunk(choices=choices, system_fingerprint=self.fingerprint, more=event.more)
+            if isinstance(fingerprint := payload.get("system_fingerprint"), str):
+                self.fingerprint = fingerprint
+            self.held = more = event.more
+            # Positional: keyword arguments cost a relayed chunk's construction more.
+            return Chunk(choices, None, self.fingerprint, more)
         if self.held and not event.more:
             # The read ends on an event without choices: what came before it goes now.
             self.held = False

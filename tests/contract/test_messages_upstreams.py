@@ -418,8 +418,10 @@ def test_a_thinking_signature_comes_back_byte_identical_and_cache_reads_and_writ
     price = gateway.catalog.resolve("claude-sonnet").pricing
     assert written.cost == (412 * 3 + 1024 * Decimal("3.75") + 96 * 15) / Decimal(1_000_000)
     assert read.cost == (21 * 3 + 2048 * Decimal("0.30") + 10 * 15) / Decimal(1_000_000)
-    assert cost_of_usage(first.usage) == written.cost == cost_of(
-        Usage(prompt_tokens=1436, completion_tokens=96, cache_write_tokens=1024), price
+    assert (
+        cost_of_usage(first.usage)
+        == written.cost
+        == cost_of(Usage(prompt_tokens=1436, completion_tokens=96, cache_write_tokens=1024), price)
     )
     assert cost_of_usage(second.usage) == read.cost
     assert second.usage.cache_read_input_tokens == 2048

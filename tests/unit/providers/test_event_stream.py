@@ -68,3 +68,11 @@ def test_every_event_but_the_last_a_read_completes_says_more():
     flags = [(event.data, event.more) for event in read_events(reads)]
 
     assert flags == [("a", True), ("b", False), ("c", False), ("d", True), ("e", False)]
+
+
+LF_STREAM = STREAM.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 64, len(LF_STREAM)])
+def test_a_stream_of_lf_line_ends_reads_alike_however_cut(size):
+    assert list(read_events(cut(LF_STREAM, size))) == EVENTS
