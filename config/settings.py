@@ -117,16 +117,14 @@ CONFIGS: dict[str, type[Config]] = {
 
 
 def normalize_database_url(url: str) -> str:
-    """Name the psycopg (3) driver for every PostgreSQL URL.
+    """Name the psycopg2 driver for PostgreSQL URLs that name none.
 
-    PaaS platforms hand out ``postgres://``, which SQLAlchemy refuses; a URL written for
-    psycopg2 (``postgresql+psycopg2://``), which this project no longer ships, names the
-    same server: the hot path's statements are bound and prepared through psycopg's own
-    interface, so every PostgreSQL URL is served by it.
+    PaaS platforms hand out ``postgres://``, which SQLAlchemy refuses, and SQLAlchemy 2.1
+    reads a bare ``postgresql://`` as psycopg 3, which this project does not ship.
     """
-    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
+    for bare in ("postgres://", "postgresql://"):
+        if url.startswith(bare):
+            return "postgresql+psycopg2://" + url[len(bare) :]
     return url
 
 

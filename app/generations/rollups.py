@@ -146,9 +146,7 @@ def _rebuild_span(
         )
     )
     sums = _sums_by_hour(account_id, start, stop)
-    # SQLAlchemy keeps an INSERT's count of rows only when asked (psycopg's is not read).
-    rebuilt = insert(UsageRollup).from_select(ROLLUP_COLUMNS, sums)
-    written = connection.execute(rebuilt.execution_options(preserve_rowcount=True)).rowcount
+    written = connection.execute(insert(UsageRollup).from_select(ROLLUP_COLUMNS, sums)).rowcount
     counted = connection.execute(
         select(func.coalesce(func.sum(UsageRollup.requests), 0)).where(
             UsageRollup.account_id == account_id,
