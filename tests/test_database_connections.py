@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +29,9 @@ from app.extensions import db
 from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG, running_server
 
-APPLICATION_NAME = "gateway-idle-ping-test"
+# Named per test process: other runs of the suite may share the server, and these
+# tests end the connections of this name.
+APPLICATION_NAME = f"gateway-idle-ping-test-{os.getpid()}"
 HELLO = {"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -193,7 +196,7 @@ def test_a_hold_survives_its_prepared_statement_going_missing(postgres_url, fund
 def test_a_worker_never_opens_more_connections_than_its_pool(postgres_url, funded_key, tmp_path):
     # A burst of requests much larger than the pool: they queue for its connections,
     # and none is opened beside them (each costs the server a process).
-    name, pool_size, burst = "gateway-pool-bound-test", 2, 48
+    name, pool_size, burst = f"gateway-pool-bound-test-{os.getpid()}", 2, 48
     url = sqlalchemy.make_url(postgres_url).update_query_dict({"application_name": name})
     admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     seen, done = [], threading.Event()
