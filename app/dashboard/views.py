@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import date
 from typing import Any
 
@@ -478,16 +478,14 @@ def _csv_cell(value: str) -> str:
 
 
 class _Cells(dict):
-    """Each text's cell, quoted once: a batch repeats a few models, apis and statuses."""
+    """Each text's cell, spelled once: a batch repeats a few models, apis and statuses."""
+
+    def __init__(self, spell: Callable[[str], str] = _csv_cell) -> None:
+        super().__init__()
+        self.spell = spell
 
     def __missing__(self, value: str) -> str:
-        cell = self[value] = _csv_cell(value)
-        return cell
-
-
-class _ModelCells(dict):
-    def __missing__(self, model: str) -> str:
-        cell = self[model] = _csv_cell(_csv_text(model))
+        cell = self[value] = self.spell(value)
         return cell
 
 
@@ -497,7 +495,8 @@ def _csv_batch(rows: Sequence[Any], names: dict[int, str]) -> str:
     The database spelled the time, the counts and cost, and the flags; the texts that
     may need quoting are quoted here, each distinct one once a batch.
     """
-    models, cells, quoted = _ModelCells(), _Cells(), _NEEDS_QUOTES.search
+    models = _Cells(lambda model: _csv_cell(_csv_text(model)))
+    cells, quoted = _Cells(), _NEEDS_QUOTES.search
     return "".join([
         f"{time},{_csv_cell(gid) if quoted(gid) else gid},{models[model]},{cells[api]},"
         f"{names.get(key_id, '')},{counts},{cells[status]},{flags}\r\n"
