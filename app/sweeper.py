@@ -1,34 +1,44 @@
 """Keep running requests' holds alive and their streams' progress recorded; end dead ones.
 
-Each gunicorn worker runs one sweeper greenlet. About once a second it records what
-each of the worker's streams delivered since the last time (one UPDATE for all of
-them), so that a stream is billed even if the worker dies. Every ``sweep_interval`` it
-renews the holds of every request the worker is running (``live_holds``), whatever the
-request is doing: waiting for an upstream through retries, generating a whole answer,
-or writing to a caller who stopped reading; one UPDATE for all of them. A dead worker
-renews nothing, so its holds expire after HOLD_TTL_SECONDS, and ending an expired hold
-from any worker is safe: a hold whose stream recorded progress is settled at it, any
-other is released; the conditional UPDATEs of the ledger end each hold once. Each sweep
-also prunes what has outlived its time: Idempotency-Key records past their 24 hours,
-stored Responses API responses past RESPONSES_TTL_DAYS, and generations past
-GENERATION_RETENTION_DAYS, a small batch per transaction; and on PostgreSQL it adds the
-coming months' partitions and drops the expired ones.
+Each gunicorn worker runs three loops beside its requests, each a greenlet of its own, so
+that none waits behind another's work:
 
-Beside it, each worker runs a deliverer greenlet (``run_alert_deliverer``): every
-ALERTS_POLL_SECONDS it sends the alert events the ledger wrote (app.alerts.delivery).
-It is a greenlet of its own so that a slow webhook never delays the sweeps.
+- ``run_renewals``, for the worker's own requests: about once a second it records what
+  each of its streams delivered since the last time (one UPDATE for all of them), so
+  that a stream is billed even if the worker dies; every ``sweep_interval`` it renews
+  the holds of every request the worker is running (``live_holds``), whatever the
+  request is doing: waiting for an upstream through retries, generating a whole
+  answer, or writing to a caller who stopped reading; one UPDATE for all of them.
+- ``run_sweeper``, for everyone's: every ``sweep_interval`` it ends expired holds. A
+  dead worker renews nothing, so its holds expire after HOLD_TTL_SECONDS, and ending
+  an expired hold from any worker is safe: a hold whose stream recorded progress is
+  settled at it, any other is released; the conditional UPDATEs of the ledger end each
+  hold once, and a hold another worker's sweeper ended first is left to it. Each sweep
+  also prunes what has outlived its time: Idempotency-Key records past their 24 hours,
+  stored Responses API responses past RESPONSES_TTL_DAYS, and generations past
+  GENERATION_RETENTION_DAYS, a small batch per transaction; and on PostgreSQL it adds
+  the coming months' partitions and drops the expired ones.
+- ``run_alert_deliverer``: every ALERTS_POLL_SECONDS it sends the alert events the
+  ledger wrote (app.alerts.delivery), so that a slow webhook never delays the sweeps.
+
+A loop never ends: a duty that fails is logged and runs again at its next turn
+(``run_duties``). A worker whose renewals stopped would let the holds of the requests it
+is still running expire, and its streams' progress go unrecorded.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.alerts.delivery import deliver_alerts
+from app.credits.errors import AlreadyRecorded
 from app.credits.ledger import (
     expired_holds_with_progress,
     extend_holds,
@@ -104,21 +114,25 @@ def sweep_expired_holds(app: Flask) -> int:
 
 def _settle_interrupted_streams() -> int:
     """Settle the expired holds of streams whose worker died, at their recorded progress."""
-    interrupted = expired_holds_with_progress()
-    for hold, progress in interrupted:
+    settled = 0
+    for hold, progress in expired_holds_with_progress():
         # Its log lines carry the request's id, as the stream's own would have.
         trace = open_trace(progress.get("request_id") or hold.id)
         try:
             charge = settle_interrupted(hold, progress)
-            log.warning(
-                "generation %s: its worker stopped while it streamed; charged $%s for what "
-                "it had delivered, as last recorded",
-                hold.id,
-                charge,
-            )
+        except AlreadyRecorded:
+            # Another worker's sweeper read it too, and settled it first.
+            continue
         finally:
             close_trace(trace)
-    return len(interrupted)
+        log.warning(
+            "generation %s: its worker stopped while it streamed; charged $%s for what "
+            "it had delivered, as last recorded",
+            hold.id,
+            charge,
+        )
+        settled += 1
+    return settled
 
 
 def keep_history(app: Flask) -> int:
@@ -183,21 +197,48 @@ def prune_stored_responses(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> in
     return pruned
 
 
-def run_sweeper(app: Flask) -> None:
-    """Record progress every tick; renew, end and prune every sweep; in a greenlet, forever."""
+Duty = Callable[[Flask], object]
+
+
+def run_duties(app: Flask, duties: Sequence[Duty]) -> None:
+    """Run each of ``duties``; log what one raises unexpectedly, and go on with the next.
+
+    Each duty handles the database's failures itself; anything else it raises must not
+    end the loop that runs it, the only one of its kind in the worker.
+    """
+    for duty in duties:
+        try:
+            duty(app)
+        except Exception:
+            log.exception("%s failed unexpectedly; it runs again at its next turn", duty.__name__)
+
+
+def run_renewals(app: Flask) -> None:
+    """Record the streams' progress every tick, renew the holds every sweep; forever."""
     tick = app.config["STREAM_PROGRESS_SECONDS"]
     ticks_per_sweep = max(1, round(sweep_interval(app.config["HOLD_TTL_SECONDS"]) / tick))
-    ticks = 0
-    while True:
+    for ticks in itertools.count(1):
         time.sleep(tick)
-        record_stream_progress(app)
-        ticks += 1
-        if ticks % ticks_per_sweep == 0:
-            renew_live_holds(app)
-            sweep_expired_holds(app)
-            prune_idempotency_records(app)
-            prune_stored_responses(app)
-            keep_history(app)
+        if ticks % ticks_per_sweep:
+            run_duties(app, (record_stream_progress,))
+        else:
+            run_duties(app, (record_stream_progress, renew_live_holds))
+
+
+SWEEPS: tuple[Duty, ...] = (
+    sweep_expired_holds,
+    prune_idempotency_records,
+    prune_stored_responses,
+    keep_history,
+)
+
+
+def run_sweeper(app: Flask) -> None:
+    """End expired holds and prune what outlived its time, every sweep; forever."""
+    interval = sweep_interval(app.config["HOLD_TTL_SECONDS"])
+    while True:
+        time.sleep(interval)
+        run_duties(app, SWEEPS)
 
 
 def deliver_pending_alerts(app: Flask) -> int:
@@ -215,4 +256,4 @@ def run_alert_deliverer(app: Flask) -> None:
     """Deliver alert events every ALERTS_POLL_SECONDS; in a greenlet, forever."""
     while True:
         time.sleep(app.config["ALERTS_POLL_SECONDS"])
-        deliver_pending_alerts(app)
+        run_duties(app, (deliver_pending_alerts,))

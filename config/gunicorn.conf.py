@@ -109,13 +109,13 @@ def post_fork(server, worker):  # noqa: ANN001, ANN201
 
 
 def post_worker_init(worker):  # noqa: ANN001, ANN201
-    """Start the worker's sweeper and alert deliverer, beside the requests it serves."""
+    """Start the worker's renewals, sweeper and alert deliverer, beside its requests."""
     import gevent
 
-    from app.sweeper import run_alert_deliverer, run_sweeper
+    from app.sweeper import run_alert_deliverer, run_renewals, run_sweeper
 
-    gevent.spawn(run_sweeper, worker.wsgi)
-    gevent.spawn(run_alert_deliverer, worker.wsgi)
+    for loop in (run_renewals, run_sweeper, run_alert_deliverer):
+        gevent.spawn(loop, worker.wsgi)
 
 
 def on_exit(server):  # noqa: ANN001, ANN201

@@ -251,6 +251,20 @@ def failure_in_log(logs: str, request_id: str) -> str:
     return logs[start : start + following.start()] if following else logs[start:]
 
 
+# What gevent writes when a greenlet dies of an error, and what a worker's loops write
+# when one of their duties raised one they do not expect (app.sweeper.run_duties).
+DUTY_FAILURES = re.compile(r"<Greenlet at [^\n]*? failed with \w+|.* failed unexpectedly; .*")
+
+
+def duties_failed(logs: str) -> list[str]:
+    """Check 9: no background loop of a worker (renewals, sweeper, alerts) met an unexpected error.
+
+    A renewal loop that died would let its worker's running requests' holds expire, and
+    its streams go unbilled if the worker is killed.
+    """
+    return [match.group(0) for match in DUTY_FAILURES.finditer(logs)]
+
+
 def is_envelope(body: Any) -> bool:
     """Tell whether ``body`` is ``{"error": {"message", "type", "code", "param"}}``."""
     return (

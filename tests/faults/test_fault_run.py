@@ -23,7 +23,9 @@ Once the load stops and the holds' TTL has passed, the run's accounts must show:
    but a 500 of a request running while its connection was terminated under it (reads
    in a request's session are not run again; a connection that died idle never fails
    a request);
-8. right after the faults, fresh requests all answered.
+8. right after the faults, fresh requests all answered;
+9. no worker's background loop (renewals, sweeper, alert deliverer) failed on an error
+   it did not expect.
 
 A documented limit, which check 5 leaves room for: a worker records its streams'
 progress every STREAM_PROGRESS_SECONDS (1 s), so a stream whose worker dies before its
@@ -217,6 +219,7 @@ def test_fault_run(
             ("6 (no open holds)", lambda: checks.no_open_holds(remaining)),
             ("7 (error envelopes)", lambda: checks.errors_in_envelope(attempts, excused)),
             ("8 (liveness)", lambda: alive),
+            ("9 (background duties)", lambda: checks.duties_failed(gateway.logs())),
         ]
     )
     run_summary = summary(load, faults, excused)

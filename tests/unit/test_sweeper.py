@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from sqlalchemy import select
 
+from app import sweeper
 from app.credits import ledger
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import utcnow
@@ -140,3 +141,41 @@ def test_a_hold_without_progress_is_released_as_before(app):
     with app.app_context():
         assert db.session.get(Generation, held.id) is None
         assert db.session.get(Account, account.id).reserved == 0
+
+
+def test_a_stream_settled_by_another_workers_sweeper_is_left_to_it(app, funded_key, monkeypatch):
+    """Two workers' sweepers read the same expired hold; the slower one settles nothing."""
+    response = open_stream(app, funded_key.key)
+    hold_id, generation = running_generation()
+    assert record_stream_progress(app) == 1
+    generation.settled = True
+    live_holds.forget(hold_id)
+    response.close()
+    with app.app_context():
+        ledger.extend_holds([hold_id], ttl_seconds=-1)
+        read_by_both = ledger.expired_holds_with_progress()
+    assert hold_id in {hold.id for hold, _ in read_by_both}
+    sweep_expired_holds(app)
+    # The other sweeper read the hold before this one settled it.
+    monkeypatch.setattr(sweeper, "expired_holds_with_progress", lambda: read_by_both)
+
+    assert sweep_expired_holds(app) == 0
+
+    with app.app_context():
+        charges = db.session.scalars(
+            select(LedgerEntry.amount).where(LedgerEntry.generation_id == hold_id)
+        ).all()
+        assert len(charges) == 1
+        db.session.commit()
+
+
+def test_a_duty_that_fails_unexpectedly_does_not_end_the_loop_that_runs_it(app):
+    """A worker has one loop of each kind: an error must not end its renewals for good."""
+    done = []
+
+    def broken(app):
+        raise RuntimeError("unexpected")
+
+    sweeper.run_duties(app, (broken, done.append, broken, done.append))
+
+    assert done == [app, app]
