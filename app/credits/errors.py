@@ -25,3 +25,10 @@ class AlreadyRecorded(Exception):
     generations), a record's id alone is no unique key; a settlement of a hold that was
     no longer open looks for its record first, and writes nothing if it is there.
     """
+
+
+class HoldVoided(Exception):
+    """A hold's id was voided before its request placed it: the request was given up for another.
+
+    A retry took over the Idempotency-Key of a request that seemed dead (ledger.void_hold).
+    """

@@ -39,6 +39,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, literal_column, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
@@ -46,7 +47,7 @@ from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
 from app.budgets import MONTH, calendar_start, window_parameters
 from app.credits import statements
-from app.credits.errors import AlreadyRecorded, IdempotencyConflict
+from app.credits.errors import AlreadyRecorded, HoldVoided, IdempotencyConflict
 from app.credits.models import (
     CHARGE,
     EXPIRED,
@@ -54,6 +55,7 @@ from app.credits.models import (
     NO_KEY,
     OPEN,
     SETTLED,
+    VOIDED,
     Account,
     Hold,
     LedgerEntry,
@@ -227,6 +229,7 @@ def place_hold(
 
     :raise KeyRevoked: the key was revoked since its caller was found.
     :raise InvalidKey: the key was deleted or rotated since its caller was found.
+    :raise HoldVoided: ``hold_id`` was voided: its request was given up (void_hold).
     """
     now = utcnow()
     hold = {
@@ -275,6 +278,10 @@ def _try_hold(hold: dict[str, Any], windows: dict[str, int], key_digest: str | N
         )
     except _HoldRefused as refused:
         return refused.outcome
+    except IntegrityError:
+        if hold_status(hold["id"]) == VOIDED:
+            raise HoldVoided(hold["id"]) from None
+        raise
 
 
 def _hold_steps(
@@ -637,7 +644,12 @@ def _settle_steps(
         _refuse_if_recorded(connection, writes.record)
     # An expired hold was released by the sweeper: nothing of it is reserved any more.
     reserved = hold.amount if released == 1 else Decimal(0)
-    charge = cost if cost <= reserved else _payable(connection, hold, cost, reserved)
+    if released != 1 and _is_voided(connection, hold.id):
+        # Its request was given up for another, which is charged instead (void_hold).
+        log.warning("generation %s: it was given up for another while it ran", hold.id)
+        charge = Decimal(0)
+    else:
+        charge = cost if cost <= reserved else _payable(connection, hold, cost, reserved)
     now = utcnow()
     execute_on_driver(
         connection,
@@ -680,6 +692,11 @@ def _refuse_if_recorded(connection: Connection, record: BoundStatement) -> None:
     table = statement.table
     if connection.execute(select(table.c.id).where(table.c.id == row["id"])).first():
         raise AlreadyRecorded(f"generation {row['id']} is recorded already")
+
+
+def _is_voided(connection: Connection, hold_id: str) -> bool:
+    status = connection.execute(select(Hold.status).where(Hold.id == hold_id)).scalar()
+    return status == VOIDED
 
 
 def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[str, Any]:
@@ -816,6 +833,45 @@ def _expire(connection: Connection, hold: HeldCredit) -> int:
         execute_on_driver(connection, statements.RELEASE_ON_KEY, released)
         execute_on_driver(connection, statements.RELEASE_ON_MEMBER, released)
     return 1
+
+
+def hold_status(hold_id: str) -> str | None:
+    """Return the status of the hold ``hold_id``; None if there is no such hold."""
+    status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
+    db.session.commit()
+    return status
+
+
+def void_hold(connection: Connection, *, hold_id: str, account_id: int, seen: str | None) -> bool:
+    """Make sure the hold ``hold_id``, found ``seen`` (None: not placed), never charges.
+
+    For a request given up for another (a retry took its Idempotency-Key over): its
+    worker may only have stalled past the hold's TTL, and run on. A hold not placed is
+    placed voided, so that its request cannot place it (place_hold raises HoldVoided);
+    an expired one is voided, so that a settlement that comes after all charges nothing.
+    Return False if the hold is no longer as it was seen (its request placed it, or
+    settled it, since): the request is alive. In the caller's transaction.
+    """
+    if seen is None:
+        now = utcnow()
+        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+        placed = (
+            dialect.insert(Hold)
+            .values(
+                id=hold_id,
+                account_id=account_id,
+                amount=Decimal(0),
+                status=VOIDED,
+                created_at=now,
+                expires_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=[Hold.id])
+        )
+        return connection.execute(placed).rowcount == 1
+    if seen == EXPIRED:
+        voided = update(Hold).where(Hold.id == hold_id, Hold.status == EXPIRED)
+        return connection.execute(voided.values(status=VOIDED)).rowcount == 1
+    return seen in (SETTLED, VOIDED)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from app.database import Money, UTCDateTime, utcnow
 from app.extensions import db
 
 # A ledger entry's kind; a hold's state: open while its request runs, then settled by its
-# charge, or expired when its worker died and nothing was charged.
+# charge, or expired when its worker died and nothing was charged; or voided: its request
+# was given up for another (a retry took its Idempotency-Key over), and charges nothing.
 GRANT, CHARGE = "grant", "charge"
-OPEN, SETTLED, EXPIRED = "open", "settled", "expired"
+OPEN, SETTLED, EXPIRED, VOIDED = "open", "settled", "expired", "voided"
 
 
 class Account(db.Model):

@@ -9,7 +9,9 @@ from typing import Any
 
 from flask import Response, current_app, g, request
 
+from app.credits.errors import HoldVoided
 from app.generations.idempotency import (
+    IdempotencyKeyInUse,
     check_key,
     claim_key,
     mark_streamed,
@@ -69,6 +71,11 @@ def _run_once(
     g.claimed_generation_id = claim.generation_id
     try:
         response = view(*args, **kwargs)
+    except HoldVoided:
+        # A retry took the key over while this request stalled: the retry runs it.
+        raise IdempotencyKeyInUse(
+            "A retry with this Idempotency-Key took this request over: it runs there."
+        ) from None
     except BaseException:
         release_claim(claim)
         raise

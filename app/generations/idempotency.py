@@ -13,7 +13,11 @@ request runs, however long) the retry is told the request is in progress. Once t
 generation is recorded, it was charged, and its answer was lost with its worker before it
 could be stored: the retry is told so, with the generation's id, and nothing runs again.
 Only a claim whose generation never held credit (or was released uncharged) and is older
-than a hold's TTL (``HOLD_TTL_SECONDS``) is taken over by the retry. Claims and answers
+than a hold's TTL (``HOLD_TTL_SECONDS``) is taken over by the retry. Its request may only
+have stalled (its worker renewed nothing for a TTL, and runs on): the takeover voids its
+generation's hold in the same transaction (``void_hold``), so that such a request can
+no longer place its hold, and charges nothing if it settles after all; a hold that
+changed since it was read (placed, or settled) stops the takeover. Claims and answers
 past their 24 hours are pruned by the sweeper, a batch at a time. A request's own writes
 to its claim run as the hold's do (``write_transaction``), so that on SQLite they wait for
 the write lock without stalling the worker.
@@ -29,7 +33,8 @@ from sqlalchemy import Executable, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from app.credits.models import OPEN, Hold
+from app.credits.ledger import hold_status, void_hold
+from app.credits.models import OPEN
 from app.database import lock_until_commit, utcnow, write_transaction
 from app.database.partitions import drop_partitions_before
 from app.errors import APIError
@@ -186,13 +191,16 @@ def claim_key(
         raise IdempotencyKeyInUse(
             "This Idempotency-Key was used for a streamed request, which cannot be replayed."
         )
-    _raise_unless_abandoned(first, claim_ttl_seconds)
-    _drop_abandoned_claim(first.id)
+    seen = _raise_unless_abandoned(first, claim_ttl_seconds)
+    _take_over(first, account_id, key, seen)
     return claim_key(**retry)
 
 
-def _raise_unless_abandoned(claim: Row, claim_ttl_seconds: int) -> None:
-    """Raise unless ``claim``'s request died without charging anything.
+IN_PROGRESS = "A request with this Idempotency-Key is still in progress. Retry later."
+
+
+def _raise_unless_abandoned(claim: Row, claim_ttl_seconds: int) -> str | None:
+    """Raise unless ``claim``'s request died without charging anything; return its hold's status.
 
     The hold is read before the record: a settlement closes the one and writes the other
     in one transaction, so a hold found closed has its record (if it has one) readable.
@@ -200,20 +208,38 @@ def _raise_unless_abandoned(claim: Row, claim_ttl_seconds: int) -> None:
     :raise IdempotencyKeyInUse: its generation still holds credit, or may yet place its hold.
     :raise IdempotentAnswerLost: its generation was charged (or answered).
     """
-    hold_open = claim.generation_id is not None and _hold_is_open(claim.generation_id)
-    generation = None if hold_open else _charged_generation(claim.generation_id)
+    seen = hold_status(claim.generation_id) if claim.generation_id is not None else None
+    generation = None if seen == OPEN else _charged_generation(claim.generation_id)
     db.session.commit()
     if generation is not None:
         raise IdempotentAnswerLost(generation)
     young = claim.created_at >= utcnow() - timedelta(seconds=claim_ttl_seconds)
-    if hold_open or young:
-        raise IdempotencyKeyInUse(
-            "A request with this Idempotency-Key is still in progress. Retry later."
+    if seen == OPEN or young:
+        raise IdempotencyKeyInUse(IN_PROGRESS)
+    return seen
+
+
+def _take_over(claim: Row, account_id: int, key: str, seen: str | None) -> None:
+    """Delete an abandoned claim, its generation's hold voided; a concurrent retry may be first.
+
+    :raise IdempotencyKeyInUse: the hold changed since it was ``seen``: the request lives.
+    """
+
+    def take_over(connection: Connection) -> None:
+        lock_until_commit(connection, f"idempotency-key:{account_id}:{key}")
+        if claim.generation_id is not None and not void_hold(
+            connection, hold_id=claim.generation_id, account_id=account_id, seen=seen
+        ):
+            raise IdempotencyKeyInUse(IN_PROGRESS)
+        connection.execute(
+            delete(IdempotentRequest).where(
+                IdempotentRequest.id == claim.id,
+                IdempotentRequest.response.is_(None),
+                IdempotentRequest.streamed.is_(False),
+            )
         )
 
-
-def _hold_is_open(hold_id: str) -> bool:
-    return db.session.scalar(select(Hold.status).where(Hold.id == hold_id)) == OPEN
+    write_transaction(take_over)
 
 
 def _charged_generation(generation_id: str | None) -> Generation | None:
@@ -228,17 +254,6 @@ def _charged_generation(generation_id: str | None) -> Generation | None:
     if generation is None or (generation.cost == 0 and generation.status != COMPLETED):
         return None
     return generation
-
-
-def _drop_abandoned_claim(claim_id: int) -> None:
-    """Delete a claim that never got an answer; a concurrent retry may have done it first."""
-    _write(
-        delete(IdempotentRequest).where(
-            IdempotentRequest.id == claim_id,
-            IdempotentRequest.response.is_(None),
-            IdempotentRequest.streamed.is_(False),
-        )
-    )
 
 
 def prune_expired_claims(*, batch_size: int) -> int:

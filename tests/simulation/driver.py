@@ -946,6 +946,8 @@ def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> Non
             raise idempotency.IdempotencyKeyInUse()
 
     monkeypatch.setattr(idempotency, "_raise_unless_abandoned", abandoned_after_ttl)
+    # Nor is the taken-over generation's hold voided: it runs on, and charges.
+    monkeypatch.setattr(idempotency, "void_hold", lambda connection, **hold: True)
 
 
 def plant_progress_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,10 +11,14 @@ import pytest
 from sqlalchemy import select, update
 
 from app.credits import ledger
-from app.database import utcnow
+from app.credits.errors import HoldVoided
+from app.database import utcnow, write_transaction
 from app.extensions import db
 from app.generations import decorators
-from app.generations.models import FAILED, Generation, IdempotentRequest
+from app.generations.audit import audit_ledger
+from app.generations.idempotency import Claim
+from app.generations.lifecycle import rollup_of
+from app.generations.models import COMPLETED, FAILED, Generation, IdempotentRequest
 from tests.contract.conftest import billing_records
 
 BODY = json.dumps({"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hi"}]})
@@ -178,3 +182,104 @@ def test_the_generation_answered_under_a_key_is_the_one_its_claim_names(app, cli
     assert answer.get_json()["id"] == claim.generation_id
     with app.app_context():
         assert db.session.get(Generation, claim.generation_id) is not None
+
+
+def take_over(app, client, funded_key, hold: str) -> str:
+    """Leave a claim whose request seems dead (its hold ``hold``); let a retry take it over.
+
+    Return the id of the generation the first request ran under, which may yet come back.
+    """
+    generation_id = f"chatcmpl-stalled-{hold.replace(' ', '-')}"
+    leave_claim(app, funded_key.account_id, "stalled", generation_id, ttl(app) * 2)
+    if hold == "released":
+        with app.app_context():
+            held = ledger.place_hold(
+                account_id=funded_key.account_id,
+                amount=Decimal("0.01"),
+                ttl_seconds=-1,
+                hold_id=generation_id,
+            )
+            assert ledger.release_expired_holds(account_id=funded_key.account_id) == 1
+            assert held.id == generation_id
+    retry = post(client, funded_key.key, "stalled")
+    assert retry.status_code == 200, retry.get_data(as_text=True)
+    return generation_id
+
+
+def test_a_request_taken_over_while_it_stalled_charges_nothing_if_it_settles(
+    app, client, funded_key
+):
+    stalled = take_over(app, client, funded_key, "released")
+    hold = ledger.HeldCredit(
+        id=stalled, account_id=funded_key.account_id, amount=Decimal("0.01"), key_id=None
+    )
+    statement, row = generation_row(stalled, funded_key.account_id)
+    row.update(status=COMPLETED, prompt_tokens=5, completion_tokens=20)
+    row.update(cached_tokens=0, reasoning_tokens=0)
+
+    with app.app_context():
+        charged = ledger.settle_hold(
+            hold,
+            cost=Decimal("0.02"),
+            generation_id=stalled,
+            record=(statement, row),
+            rollup=rollup_of(row),
+        )
+
+    assert charged == 0
+    account, generations, charges, holds = billing_records(app, funded_key.account_id)
+    assert len(charges) == 1 and charges[0].generation_id != stalled
+    assert {h.id: h.status for h in holds}[stalled] == "voided"
+    late = next(g for g in generations if g.id == stalled)
+    assert (late.cost, late.shortfall) == (0, Decimal("0.02"))
+    assert account.balance == Decimal("10") + charges[0].amount
+    with app.app_context():
+        assert audit_ledger([funded_key.account_id]).mismatches == []
+        db.session.commit()
+
+
+def test_a_request_taken_over_before_it_held_credit_cannot_hold_it(
+    app, client, funded_key, monkeypatch
+):
+    stalled = take_over(app, client, funded_key, "never placed")
+
+    with app.app_context(), pytest.raises(HoldVoided):
+        ledger.place_hold(
+            account_id=funded_key.account_id,
+            amount=Decimal("0.01"),
+            ttl_seconds=60,
+            hold_id=stalled,
+        )
+    # Its request, coming back to place it, is told its retry runs it.
+    monkeypatch.setattr(
+        decorators, "claim_key", lambda **claimed: Claim(id=0, generation_id=stalled)
+    )
+    back = post(client, funded_key.key, "stalled")
+    assert back.status_code == 409
+    assert back.get_json()["error"]["code"] == "idempotency_key_in_use"
+    _, _, charges, _ = billing_records(app, funded_key.account_id)
+    assert len(charges) == 1 and charges[0].generation_id != stalled
+
+
+@pytest.mark.parametrize("seen", [None, "expired"])
+def test_a_hold_that_changed_since_it_was_seen_is_not_voided(app, funded_key, seen):
+    with app.app_context():
+        held = ledger.place_hold(
+            account_id=funded_key.account_id,
+            amount=Decimal("0.01"),
+            ttl_seconds=60,
+            hold_id=f"chatcmpl-came-back-{seen}",
+        )
+        if seen == "expired":
+            # Seen expired, then its late settlement charged it.
+            ledger.settle_hold(held, cost=Decimal("0.01"), generation_id=held.id)
+
+        voided = write_transaction(
+            lambda connection: ledger.void_hold(
+                connection, hold_id=held.id, account_id=funded_key.account_id, seen=seen
+            )
+        )
+
+        assert voided is False
+        assert db.session.get(ledger.Hold, held.id).status != "voided"
+        db.session.commit()
