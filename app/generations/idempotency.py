@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import Executable, delete, insert, select, update
+from sqlalchemy import ColumnElement, Executable, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
@@ -287,7 +287,7 @@ def mark_streamed(claim: Claim) -> None:
 
 
 def _update_claim(claim: Claim, **values: object) -> None:
-    _write(update(IdempotentRequest).where(IdempotentRequest.id == claim.id).values(**values))
+    _write(update(IdempotentRequest).where(*_still_ours(claim)).values(**values))
 
 
 def release_claim(claim: Claim) -> None:
@@ -295,7 +295,18 @@ def release_claim(claim: Claim) -> None:
     # Whatever the failed request left open in its session goes first: on SQLite a write
     # it began would hold the lock this release waits for.
     db.session.rollback()
-    _write(delete(IdempotentRequest).where(IdempotentRequest.id == claim.id))
+    _write(delete(IdempotentRequest).where(*_still_ours(claim)))
+
+
+def _still_ours(claim: Claim) -> tuple[ColumnElement[bool], ...]:
+    """Return the conditions of ``claim``'s row, if a retry did not take it over.
+
+    A claim taken over is deleted, and SQLite may give its id to the retry's own.
+    """
+    return (
+        IdempotentRequest.id == claim.id,
+        IdempotentRequest.generation_id == claim.generation_id,
+    )
 
 
 def _write(statement: Executable) -> None:

@@ -16,7 +16,7 @@ from app.database import utcnow, write_transaction
 from app.extensions import db
 from app.generations import decorators
 from app.generations.audit import audit_ledger
-from app.generations.idempotency import Claim
+from app.generations.idempotency import Claim, release_claim, store_answer
 from app.generations.lifecycle import rollup_of
 from app.generations.models import COMPLETED, FAILED, Generation, IdempotentRequest
 from tests.contract.conftest import billing_records
@@ -184,12 +184,12 @@ def test_the_generation_answered_under_a_key_is_the_one_its_claim_names(app, cli
         assert db.session.get(Generation, claim.generation_id) is not None
 
 
-def take_over(app, client, funded_key, hold: str) -> str:
+def take_over(app, client, funded_key, hold: str, name: str = "stalled") -> str:
     """Leave a claim whose request seems dead (its hold ``hold``); let a retry take it over.
 
     Return the id of the generation the first request ran under, which may yet come back.
     """
-    generation_id = f"chatcmpl-stalled-{hold.replace(' ', '-')}"
+    generation_id = f"chatcmpl-{name}-{hold.replace(' ', '-')}"
     leave_claim(app, funded_key.account_id, "stalled", generation_id, ttl(app) * 2)
     if hold == "released":
         with app.app_context():
@@ -283,3 +283,18 @@ def test_a_hold_that_changed_since_it_was_seen_is_not_voided(app, funded_key, se
         assert voided is False
         assert db.session.get(ledger.Hold, held.id).status != "voided"
         db.session.commit()
+
+
+def test_a_request_taken_over_neither_stores_nor_releases_its_retrys_claim(app, client, funded_key):
+    stalled = take_over(app, client, funded_key, "released", name="stored")
+    retrys = age_claim(app, funded_key.account_id, "stalled", timedelta(0))
+    # SQLite may give the deleted claim's id to the retry's.
+    came_back = Claim(id=retrys.id, generation_id=stalled)
+
+    with app.app_context():
+        store_answer(came_back, b"{}")
+        release_claim(came_back)
+
+    assert age_claim(app, funded_key.account_id, "stalled", timedelta(0)).response == (
+        retrys.response
+    )
