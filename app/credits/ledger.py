@@ -866,8 +866,10 @@ def void_hold(connection: Connection, *, hold_id: str, account_id: int, seen: st
                 expires_at=now,
             )
             .on_conflict_do_nothing(index_elements=[Hold.id])
+            # Its row, not its count: a driver need not count an INSERT's rows.
+            .returning(Hold.id)
         )
-        return connection.execute(placed).rowcount == 1
+        return connection.execute(placed).first() is not None
     if seen == EXPIRED:
         voided = update(Hold).where(Hold.id == hold_id, Hold.status == EXPIRED)
         return connection.execute(voided.values(status=VOIDED)).rowcount == 1
