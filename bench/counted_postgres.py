@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg2
+import psycopg
 
 # The function a backend runs when asked to log its memory contexts: the mark.
 MARK_FUNCTION = "ProcessLogMemoryContextInterrupt"
@@ -119,11 +119,9 @@ def create_database(port: int, server: subprocess.Popen, timeout: float = 120) -
         if server.poll() is not None:
             raise RuntimeError(f"PostgreSQL under callgrind exited with status {server.returncode}")
         try:
-            connection = psycopg2.connect(
-                host="127.0.0.1", port=port, user=OWNER, dbname="postgres"
-            )
+            connection = psycopg.connect(host="127.0.0.1", port=port, user=OWNER, dbname="postgres")
             break
-        except psycopg2.OperationalError:
+        except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -146,7 +144,7 @@ class Marks:
 
         Each process's kind (``backend_type``) and instructions since its previous mark.
         """
-        connection = psycopg2.connect(self.url)
+        connection = psycopg.connect(self.url)
         connection.autocommit = True
         with connection.cursor() as cursor:
             cursor.execute(

@@ -2,7 +2,7 @@
 
 The settings (gevent workers, connections, timeouts, access log) are read from
 config/gunicorn.conf.py itself, so the floor runs exactly as the gateway does; its hooks
-(catalog check, psycopg2 patching, the hold sweeper) belong to the gateway alone.
+(catalog check, the hold sweeper) belong to the gateway alone.
 """
 
 from pathlib import Path

@@ -12,7 +12,9 @@ from gunicorn.glogging import Logger
 # Patch the master too, before on_starting imports the app: forked workers inherit its
 # modules, and urllib3 keeps direct references to ssl's classes, which a worker's own
 # patching comes too late to replace; HTTPS calls to upstreams would then block the
-# whole worker instead of yielding to other requests.
+# whole worker instead of yielding to other requests. psycopg, likewise, picks how it
+# waits for PostgreSQL when first imported: it yields to the worker's other greenlets
+# (and enforces connect_timeout itself) once it finds select patched.
 monkey.patch_all()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -97,15 +99,6 @@ def on_starting(server):  # noqa: ANN001, ANN201
 def when_ready(server):  # noqa: ANN001, ANN201
     """Say where the workers listen: with reuse_port the master binds no socket to log."""
     server.log.info("Workers listen at %s, each on a socket of its own", ", ".join(server.cfg.bind))
-
-
-def post_fork(server, worker):  # noqa: ANN001, ANN201
-    """Make psycopg2 cooperative, so a slow query yields to other greenlets."""
-    from psycopg2.extensions import set_wait_callback
-
-    from app.database import wait_cooperatively
-
-    set_wait_callback(wait_cooperatively)
 
 
 def post_worker_init(worker):  # noqa: ANN001, ANN201

@@ -117,14 +117,16 @@ CONFIGS: dict[str, type[Config]] = {
 
 
 def normalize_database_url(url: str) -> str:
-    """Name the psycopg2 driver for PostgreSQL URLs that name none.
+    """Name the psycopg (3) driver for every PostgreSQL URL.
 
-    PaaS platforms hand out ``postgres://``, which SQLAlchemy refuses, and SQLAlchemy 2.1
-    reads a bare ``postgresql://`` as psycopg 3, which this project does not ship.
+    PaaS platforms hand out ``postgres://``, which SQLAlchemy refuses; a URL written for
+    psycopg2 (``postgresql+psycopg2://``), which this project no longer ships, names the
+    same server: the hot path's statements are bound and prepared through psycopg's own
+    interface, so every PostgreSQL URL is served by it.
     """
-    for bare in ("postgres://", "postgresql://"):
-        if url.startswith(bare):
-            return "postgresql+psycopg2://" + url[len(bare) :]
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 

@@ -173,10 +173,14 @@ def backend_pids(app) -> tuple[int, int]:
 
 
 def deallocate_prepared_statements(app) -> None:
-    """Drop the prepared statements of the connection the next statement run alone uses."""
+    """Drop the prepared statements of the connection the next statement run alone uses.
+
+    Sent through libpq itself, as if another client's: psycopg, which keeps the names
+    it prepared, does not hear of it, as behind a pooler that moved the session.
+    """
     kept = app.extensions[KEPT_CONNECTIONS]
     connection = kept.take()
-    connection.exec_driver_sql("DEALLOCATE ALL")
+    connection.connection.dbapi_connection.pgconn.exec_(b"DEALLOCATE ALL")
     kept.keep(connection)
 
 

@@ -32,12 +32,13 @@ def test_production_requires_its_secrets(monkeypatch, missing):
 
 
 def test_paas_database_urls_are_accepted():
-    assert normalize_database_url("postgres://u:p@h:5432/d") == "postgresql+psycopg2://u:p@h:5432/d"
-    assert normalize_database_url("postgresql://h/d") == "postgresql+psycopg2://h/d"
-    assert normalize_database_url("postgresql+psycopg2://h/d") == "postgresql+psycopg2://h/d"
+    assert normalize_database_url("postgres://u:p@h:5432/d") == "postgresql+psycopg://u:p@h:5432/d"
+    assert normalize_database_url("postgresql://h/d") == "postgresql+psycopg://h/d"
+    assert normalize_database_url("postgresql+psycopg2://h/d") == "postgresql+psycopg://h/d"
+    assert normalize_database_url("postgresql+psycopg://h/d") == "postgresql+psycopg://h/d"
     assert normalize_database_url("sqlite:///x.db") == "sqlite:///x.db"
     assert settings_from_environment({"DATABASE_URL": "postgres://h/d"}) == {
-        "SQLALCHEMY_DATABASE_URI": "postgresql+psycopg2://h/d"
+        "SQLALCHEMY_DATABASE_URI": "postgresql+psycopg://h/d"
     }
 
 

@@ -21,7 +21,7 @@ from app.database.connections import (
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
 from app.database.expressions import later_of, utc_hour, utc_iso_text
 from app.database.notices import ChangeNotices, change_notices
-from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING, wait_cooperatively
+from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
 
 __all__ = [
@@ -48,6 +48,5 @@ __all__ = [
     "utc_hour",
     "utc_iso_text",
     "utcnow",
-    "wait_cooperatively",
     "write_transaction",
 ]

@@ -26,7 +26,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-from app.database.driver import execute_prepared, fetch_on_driver
+from app.database.driver import (
+    PREPARED_STATEMENTS_LOST,
+    execute_prepared,
+    fetch_on_driver,
+    keeps_its_session,
+    stop_preparing,
+)
 from app.database.postgresql import COMMIT_WITHOUT_WAITING, DurableStatements
 from app.database.sqlite import SQLiteWriter, sqlite_writer_engine
 from app.encoding import JSON_COLUMN_CODEC
@@ -85,17 +91,38 @@ def init_database(app: Flask) -> None:
         ping_idle_connections(
             db.engine, 0 if db.engine.dialect.name == "postgresql" else idle_seconds
         )
+        if db.engine.dialect.name == "postgresql":
+            prepare_only_on_kept_sessions(app, db.engine)
         options = {**JSON_COLUMN_CODEC, **app.config["SQLALCHEMY_ENGINE_OPTIONS"]}
         alone = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", **options)
         ping_idle_connections(alone, idle_seconds)
         app.extensions[KEPT_CONNECTIONS] = KeptConnections(alone, idle_seconds)
         if db.engine.dialect.name == "postgresql":
+            prepare_only_on_kept_sessions(app, alone)
             app.extensions[AUTOCOMMIT_ENGINE] = alone
             app.extensions[DURABLE_STATEMENTS] = DurableStatements(
                 functools.partial(execute_alone, prepared=True, again_if_lost=False)
             )
         elif db.engine.dialect.name == "sqlite":
             app.extensions[SQLITE_WRITER] = SQLiteWriter(sqlite_writer_engine(db.engine))
+
+
+def prepare_only_on_kept_sessions(app: Flask, engine: Engine) -> None:
+    """Have ``engine``'s new connections prepare nothing once one is found pooled.
+
+    psycopg prepares a statement run five times on a connection, and the app's hot
+    statements the first time (execute_alone's); a pooler that moves a connection
+    between server sessions is found by each new connection's first round trip.
+    """
+
+    @event.listens_for(engine, "connect")
+    def check_its_session(dbapi_connection: Any, record: Any) -> None:
+        lost = app.extensions.get(PREPARED_STATEMENTS_LOST)
+        if not lost and not keeps_its_session(dbapi_connection):
+            stop_preparing(app, "a pooler moves this database's connections between sessions")
+            lost = True
+        if lost:
+            dbapi_connection.prepare_threshold = None
 
 
 def runs_alone() -> bool:

@@ -2,7 +2,9 @@
 
 The hot path's statements are compiled once and handed to the driver: SQLAlchemy's own
 execution of an already compiled statement (its cache lookup, execution context and
-result) costs more than the driver's work. On PostgreSQL they may be prepared once per
+result) costs more than the driver's work. On PostgreSQL they are written with the
+server's own numbered parameters and sent through psycopg's RawCursor, bound in the
+extended protocol (never rendered into the text), and may be prepared once per
 connection.
 """
 
@@ -10,20 +12,23 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import logging
 from collections import namedtuple
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flask import current_app
+from flask import Flask, current_app
+from psycopg import RawCursor
+from psycopg.types.numeric import Int8
 from sqlalchemy import (
     Executable,
+    Integer,
     exc,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Compiled, Connection, Dialect
+from sqlalchemy.types import TypeEngine
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +48,6 @@ class DriverForm:
     # Python-side defaults of columns an INSERT leaves out): such a statement is left to
     # SQLAlchemy's execution, since only it fills them in.
     computes_defaults: bool
-    # The name it is prepared under, for forms compiled for PREPARE.
-    name: str
     # What turns each column the driver reads into its Python value (None: as read),
     # and the rows' type, whose fields are named like the statement's columns; no type
     # for a textual statement, which names no columns: its rows are returned as read.
@@ -101,7 +104,9 @@ class DriverForm:
         ]
 
 
-# Writes the numbered parameters PREPARE takes, each cast to its type.
+# Writes PostgreSQL's numbered parameters ($1), each cast to its type: psycopg's RawCursor
+# sends them as they are, where its default cursor scans the whole text for its own
+# markers on every call (the hold's and settlement's texts are long).
 _NUMBERED_PARAMETERS = postgresql.asyncpg.dialect()
 
 
@@ -118,49 +123,61 @@ def _named_parameters(dialect: Dialect) -> Dialect:
     return named
 
 
-def _compiling_dialect(dialect: Dialect, for_prepare: bool) -> Dialect:
+def _compiling_dialect(dialect: Dialect) -> Dialect:
     """Return the dialect a statement for ``dialect``'s driver is compiled with."""
-    if for_prepare:
+    if dialect.name == "postgresql":
         return _NUMBERED_PARAMETERS
     if dialect.paramstyle == "qmark":
         return _named_parameters(dialect)
     return dialect
 
 
+def _as_int8(value: int | None) -> Int8 | None:
+    return None if value is None else Int8(value)
+
+
+def _bind_processor(bind_type: TypeEngine, dialect: Dialect) -> Callable[[Any], Any] | None:
+    """Return what turns a parameter of ``bind_type`` into what ``dialect``'s driver sends.
+
+    As SQLAlchemy's own execution does: the type as the dialect implements it. On
+    PostgreSQL an integer is sent as a bigint (the text casts it to its column's type):
+    psycopg would send each as the smallest type its value fits, and a prepared
+    statement is kept per types sent, so one statement would be prepared again and
+    again as its amounts grow.
+    """
+    implementation = bind_type.dialect_impl(dialect)
+    processor = implementation.bind_processor(dialect)
+    integer = isinstance(getattr(implementation, "impl_instance", implementation), Integer)
+    if dialect.name != "postgresql" or not integer:
+        return processor
+    if processor is None:
+        return _as_int8
+    return lambda value: _as_int8(processor(value))
+
+
 @functools.lru_cache(maxsize=256)
 def driver_form(
-    statement: Executable,
-    dialect: Dialect,
-    keys: tuple[str, ...] | None = None,
-    *,
-    for_prepare: bool = False,
+    statement: Executable, dialect: Dialect, keys: tuple[str, ...] | None = None
 ) -> DriverForm:
     """Compile ``statement`` once, its values to be sent by ``dialect``'s driver.
 
     ``keys`` are the parameters it is executed with, which decide the columns of an
-    INSERT. ``for_prepare`` compiles it with PostgreSQL's numbered parameters instead:
-    psycopg2 sends statements as text, which PostgreSQL plans afresh every time, and
-    the hold's statement takes longer to plan than to run.
+    INSERT.
     """
     column_keys = None if keys is None else list(keys)
-    compiled = statement.compile(
-        dialect=_compiling_dialect(dialect, for_prepare), column_keys=column_keys
-    )
-    # As SQLAlchemy's own execution does: each type as the dialect implements it.
+    compiled = statement.compile(dialect=_compiling_dialect(dialect), column_keys=column_keys)
     processors = {}
     for key, parameter in compiled.binds.items():
-        if (processor := parameter.type.dialect_impl(dialect).bind_processor(dialect)) is not None:
+        if (processor := _bind_processor(parameter.type, dialect)) is not None:
             processors[key] = processor
     columns = getattr(statement, "selected_columns", None)
-    text = compiled.string
     names, slots = _parameter_slots(compiled, processors)
     return DriverForm(
-        text=text,
+        text=compiled.string,
         compiled=compiled,
         positional=compiled.positional,
         processors=processors,
         computes_defaults=bool(compiled.insert_prefetch or compiled.update_prefetch),
-        name="gateway_" + hashlib.sha256(text.encode()).hexdigest()[:24],
         result_processors=tuple(
             column.type.dialect_impl(dialect).result_processor(dialect, None)
             for column in (columns or ())
@@ -222,17 +239,25 @@ def fetch_on_driver(
     return form.rows(driver_cursor(connection, form.text, form.arguments(parameters)))
 
 
-def driver_cursor(connection: Connection, text: str, arguments: Any = None) -> Any:
+def driver_cursor(
+    connection: Connection, text: str, arguments: Any = None, *, prepare: bool | None = None
+) -> Any:
     """Execute ``text`` on a cursor of ``connection``'s driver; return the cursor.
 
+    On PostgreSQL ``prepare`` has it prepared on the connection's server session the
+    first time, and executed by name from then on (psycopg keeps the names, by text);
+    None leaves it to psycopg, which prepares a statement run five times.
     A failure is raised as SQLAlchemy raises it (an IntegrityError is one), the
     connection invalidated if it was lost, and the pool's idle connections with it.
     """
     dialect = connection.dialect
     dbapi_connection = connection.connection.dbapi_connection
-    cursor = dbapi_connection.cursor()
+    postgresql = dialect.name == "postgresql"
+    cursor = RawCursor(dbapi_connection) if postgresql else dbapi_connection.cursor()
     try:
-        if arguments is None:
+        if postgresql:
+            cursor.execute(text, arguments, prepare=prepare)
+        elif arguments is None:
             cursor.execute(text)
         else:
             cursor.execute(text, arguments)
@@ -252,7 +277,7 @@ def driver_cursor(connection: Connection, text: str, arguments: Any = None) -> A
     return cursor
 
 
-# SQLSTATE of EXECUTE naming a statement the server session does not have.
+# SQLSTATE of a statement executed by a name the server session does not know.
 UNKNOWN_PREPARED_STATEMENT = "26000"
 PREPARED_STATEMENTS_LOST = "gateway.prepared_statements_lost"
 
@@ -263,24 +288,54 @@ def execute_prepared(
     """Execute ``statement`` as a prepared statement of ``connection``; return its rows.
 
     A pooler between the gateway and PostgreSQL (PgBouncer in transaction mode) may run
-    the EXECUTE on another server session than the PREPARE: the statement then runs
-    unprepared, and the app stops preparing.
+    the statement on another server session than the one it was prepared on: found at
+    connect (keeps_its_session) or by the server not knowing the name, the statement
+    then runs unprepared, and the process stops preparing.
     """
-    form = driver_form(statement, connection.dialect, for_prepare=True)
-    if current_app.extensions.get(PREPARED_STATEMENTS_LOST) or form.computes_defaults:
+    form = driver_form(statement, connection.dialect)
+    if form.computes_defaults:
         return fetch_on_driver(connection, statement, parameters)
-    prepared = connection.connection.info.setdefault("prepared", set())
-    if form.name not in prepared:
-        driver_cursor(connection, f"PREPARE {form.name} AS {form.text}").close()
-        prepared.add(form.name)
-    arguments = form.arguments(parameters)
-    markers = f"({', '.join(['%s'] * len(arguments))})" if arguments else ""
+    if current_app.extensions.get(PREPARED_STATEMENTS_LOST):
+        return _unprepared(connection, statement, parameters)
     try:
-        cursor = driver_cursor(connection, f"EXECUTE {form.name}{markers}", arguments)
+        cursor = driver_cursor(connection, form.text, form.arguments(parameters), prepare=True)
     except exc.DBAPIError as error:
-        if getattr(error.orig, "pgcode", None) != UNKNOWN_PREPARED_STATEMENT:
+        if getattr(error.orig, "sqlstate", None) != UNKNOWN_PREPARED_STATEMENT:
             raise
-        log.warning("prepared statements do not last on this database's sessions: not preparing")
-        current_app.extensions[PREPARED_STATEMENTS_LOST] = True
-        return fetch_on_driver(connection, statement, parameters)
+        stop_preparing(current_app, "the server session forgot a prepared statement")
+        return _unprepared(connection, statement, parameters)
     return form.rows(cursor)
+
+
+def _unprepared(
+    connection: Connection, statement: Executable, parameters: dict[str, Any]
+) -> Sequence[Any]:
+    """Run ``statement`` by its text, on a connection that prepares nothing from now on.
+
+    psycopg would otherwise run by their names the statements it prepared on it.
+    """
+    connection.connection.dbapi_connection.prepare_threshold = None
+    return fetch_on_driver(connection, statement, parameters)
+
+
+def stop_preparing(app: Flask, why: str) -> None:
+    """Prepare no statement in ``app``'s process from now on."""
+    log.warning("%s: prepared statements do not last on this database's sessions", why)
+    app.extensions[PREPARED_STATEMENTS_LOST] = True
+
+
+_SERVER_PROCESS = "SELECT pg_backend_pid()"
+
+
+def keeps_its_session(dbapi_connection: Any) -> bool:
+    """Tell whether a new psycopg connection talks to one server session throughout.
+
+    Behind a pooler in transaction mode, the server process that answers is not the
+    one the connection was told of at its start (the pooler's own key): a statement
+    prepared in one transaction could be executed by its name in another session,
+    where that name may stand for another statement.
+    """
+    server_process = dbapi_connection.execute(_SERVER_PROCESS).fetchone()[0]
+    if not dbapi_connection.autocommit:
+        dbapi_connection.rollback()
+    return server_process == dbapi_connection.info.backend_pid

@@ -65,12 +65,47 @@ def _is_file_path(database: str | None) -> bool:
     return bool(database) and database != ":memory:" and not database.startswith("file:")
 
 
-def listening_connection(engine: Engine) -> Any:
-    """Return a DB-API connection of ``engine``'s (autocommit), taken out of its pool."""
+def listening_connection(engine: Engine) -> Listener:
+    """Return a listener on a DB-API connection of ``engine``'s, taken out of its pool."""
     pooled = engine.raw_connection()
     connection = pooled.dbapi_connection
     pooled.detach()
-    return connection
+    connection.autocommit = True
+    return Listener(connection)
+
+
+class Listener:
+    """A psycopg connection that only listens, read through libpq without a round trip.
+
+    ``poll`` reads what arrived into ``notifies`` (the channels notified) and
+    ``notices`` (what else the server said: on a connection that only listens, its last
+    word before it ends the session); it raises psycopg's error once the connection
+    failed.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.notifies: list[str] = []
+        self.notices: list[str] = []
+        connection.add_notice_handler(self._noticed)
+
+    def listen(self, channel: str) -> None:
+        """Listen to ``channel``."""
+        self.connection.execute(f"LISTEN {channel}")
+
+    def poll(self) -> None:
+        """Read what the server sent since the last poll, without waiting for more."""
+        libpq = self.connection.pgconn
+        libpq.consume_input()
+        while (notification := libpq.notifies()) is not None:
+            self.notifies.append(notification.relname.decode())
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.connection.close()
+
+    def _noticed(self, diagnostic: Any) -> None:
+        self.notices.append(f"{diagnostic.severity}: {diagnostic.message_primary}")
 
 
 class NoticesFile:
@@ -115,7 +150,7 @@ class NoticesFile:
 class ListenedNotices:
     """PostgreSQL's notices: notifications on a listening connection of this process's own.
 
-    ``connect`` opens the listening connection (a DB-API connection in autocommit);
+    ``connect`` opens the listening connection (a Listener);
     ``errors`` are the exceptions its driver raises when that connection fails;
     ``channel`` is what a trigger notifies on every change, whatever made it.
     """
@@ -175,9 +210,7 @@ class ListenedNotices:
         listener = None
         try:
             listener = self._connect()
-            cursor = listener.cursor()
-            cursor.execute(f"LISTEN {self._channel}")
-            cursor.close()
+            listener.listen(self._channel)
         except self._errors:
             log.warning(
                 "cannot listen for changes on %s: nothing remembered meanwhile", self._channel

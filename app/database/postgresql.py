@@ -1,9 +1,8 @@
-"""PostgreSQL: cooperative waits under gevent, and statements that are durable without a convoy."""
+"""PostgreSQL: statements that are durable without a convoy."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,33 +16,6 @@ from sqlalchemy import (
     select,
     true,
 )
-
-
-def wait_cooperatively(connection: Any) -> None:
-    """Wait on a psycopg2 connection by yielding to gevent; the wait callback of a worker.
-
-    Once a wait callback is set, psycopg2 connects asynchronously and libpq leaves
-    ``connect_timeout`` to the caller, so it is enforced here: otherwise a database host
-    that never answers holds the request until the OS gives up, minutes later.
-    """
-    import psycopg2
-    from gevent.socket import wait_read, wait_write
-    from psycopg2 import extensions
-
-    deadline = None
-    if connection.status == extensions.STATUS_SETUP:
-        timeout = extensions.parse_dsn(connection.dsn).get("connect_timeout")
-        deadline = time.monotonic() + float(timeout) if timeout else None
-    expired = psycopg2.OperationalError("timeout expired while connecting to the database")
-    while (state := connection.poll()) != extensions.POLL_OK:
-        if state not in (extensions.POLL_READ, extensions.POLL_WRITE):
-            raise psycopg2.OperationalError(f"unexpected state from poll(): {state}")
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise expired
-        wait = wait_read if state == extensions.POLL_READ else wait_write
-        wait(connection.fileno(), timeout=remaining, timeout_exc=expired)
-
 
 _SYNCHRONOUS_COMMIT = literal_column("'synchronous_commit'")
 _NOT_WAITING = literal_column("'off'")

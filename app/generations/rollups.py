@@ -146,7 +146,9 @@ def _rebuild_span(
         )
     )
     sums = _sums_by_hour(account_id, start, stop)
-    written = connection.execute(insert(UsageRollup).from_select(ROLLUP_COLUMNS, sums)).rowcount
+    # SQLAlchemy keeps an INSERT's count of rows only when asked (psycopg's is not read).
+    rebuilt = insert(UsageRollup).from_select(ROLLUP_COLUMNS, sums)
+    written = connection.execute(rebuilt.execution_options(preserve_rowcount=True)).rowcount
     counted = connection.execute(
         select(func.coalesce(func.sum(UsageRollup.requests), 0)).where(
             UsageRollup.account_id == account_id,

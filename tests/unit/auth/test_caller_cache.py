@@ -27,15 +27,12 @@ class Listener:
     def __init__(self) -> None:
         self.notifies: list[str] = []
         self.notices: list[str] = []
-        self.executed: list[str] = []
+        self.listened: list[str] = []
         self.closed = False
         self.lost = False
 
-    def cursor(self) -> Listener:
-        return self
-
-    def execute(self, text: str) -> None:
-        self.executed.append(text)
+    def listen(self, channel: str) -> None:
+        self.listened.append(channel)
 
     def close(self) -> None:
         self.closed = True
@@ -87,7 +84,7 @@ def test_a_caller_is_looked_up_once_while_no_key_changes(world):
     again = cache.find("d1", look_up)
 
     assert again is first and lookups == ["d1"]
-    assert listeners[0].executed == [f"LISTEN {CHANNEL}"]
+    assert listeners[0].listened == [CHANNEL]
 
 
 def test_a_notification_forgets_every_caller(world):
@@ -160,7 +157,7 @@ def test_the_servers_last_word_stops_the_listening(world):
     cache, listeners, lookups, look_up, _ = world
     cache.find("d1", look_up)
 
-    listeners[0].notices.append("FATAL:  terminating connection due to administrator command\n")
+    listeners[0].notices.append("FATAL: terminating connection due to administrator command")
     cache.find("d1", look_up)
 
     assert lookups == ["d1", "d1"] and listeners[0].closed

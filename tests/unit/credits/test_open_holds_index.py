@@ -57,7 +57,7 @@ def test_a_settlement_finds_its_hold_by_its_id_whatever_is_open(app_context):
         pytest.skip("PostgreSQL plans a prepared statement once for every value")
     settlement = statements.settlement_in_one_statement(False, False, None, False)
     with db.engine.connect() as connection:
-        form = driver_form(settlement, connection.dialect, for_prepare=True)
+        form = driver_form(settlement, connection.dialect)
         connection.exec_driver_sql(f"PREPARE settlement_plan AS {form.text}")
         connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
         nulls = ", ".join(["NULL"] * len(form.names))

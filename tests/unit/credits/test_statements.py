@@ -42,7 +42,7 @@ def test_a_hold_binds_each_value_once_and_no_constant(app_context):
     hold = statements.hold_in_one_statement(
         statements.ACCOUNT_COVERS, statements.KEY_WITHIN_LIMIT, statements.MEMBER_WITHIN_BUDGET
     )
-    prepared = driver_form(hold, db.engine.dialect, for_prepare=True)
+    prepared = driver_form(hold, db.engine.dialect)
     assert sorted(prepared.names) == sorted(HOLD_PARAMETERS)
 
 
@@ -65,7 +65,7 @@ def test_a_settlement_with_its_record_sends_the_rollups_values_once(app_context)
     recorded = tuple(INSERT_GENERATION.table.c.keys())
     record = INSERT_GENERATION, recorded
     settlement = statements.settlement_in_one_statement(True, True, record, True)
-    names = driver_form(settlement, db.engine.dialect, for_prepare=True).names
+    names = driver_form(settlement, db.engine.dialect).names
     assert not [name for name in names if name.startswith(statements.ROLLUP_PREFIX)]
     assert sorted(names) == sorted(
         {statements.RECORD_PREFIX + name for name in recorded} | SETTLEMENT_PARAMETERS

@@ -22,7 +22,7 @@ from app.extensions import db
 from app.money import money_units
 from tests.factories import AccountFactory
 
-DIALECTS = [sqlite.dialect(), postgresql.psycopg2.dialect()]
+DIALECTS = [sqlite.dialect(), postgresql.psycopg.dialect()]
 AMOUNTS = [
     Decimal("0.0000360000"),
     Decimal("0.00000000005"),  # a tie at the quantum: rounded half up, away from zero
