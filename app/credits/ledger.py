@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, literal_column, select, update
+from sqlalchemy import bindparam, func, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
@@ -550,11 +550,18 @@ def _settle_until_committed(hold: HeldCredit, cost: Decimal, writes: _Writes) ->
 
 def settled_charge(hold_id: str, generation_id: str) -> Decimal | None:
     """Return what the settlement of ``hold_id`` charged, or None if it is not settled."""
-    status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
-    db.session.commit()
-    if status != SETTLED:
+    if hold_status(hold_id) != SETTLED:
         return None
     return _charged(generation_id)
+
+
+_HOLD_STATUS = select(Hold.status).where(Hold.id == bindparam("hold_id"))
+
+
+def hold_status(hold_id: str, *, connection: Connection | None = None) -> str | None:
+    """Return the status of the hold ``hold_id``; None if there is no such hold."""
+    row = _read_one(_HOLD_STATUS, _HOLD_STATUS, connection, hold_id=hold_id)
+    return row.status if row is not None else None
 
 
 def _charged(generation_id: str) -> Decimal:
@@ -644,7 +651,7 @@ def _settle_steps(
         _refuse_if_recorded(connection, writes.record)
     # An expired hold was released by the sweeper: nothing of it is reserved any more.
     reserved = hold.amount if released == 1 else Decimal(0)
-    if released != 1 and _is_voided(connection, hold.id):
+    if released != 1 and hold_status(hold.id, connection=connection) == VOIDED:
         # Its request was given up for another, which is charged instead (void_hold).
         log.warning("generation %s: it was given up for another while it ran", hold.id)
         charge = Decimal(0)
@@ -692,11 +699,6 @@ def _refuse_if_recorded(connection: Connection, record: BoundStatement) -> None:
     table = statement.table
     if connection.execute(select(table.c.id).where(table.c.id == row["id"])).first():
         raise AlreadyRecorded(f"generation {row['id']} is recorded already")
-
-
-def _is_voided(connection: Connection, hold_id: str) -> bool:
-    status = connection.execute(select(Hold.status).where(Hold.id == hold_id)).scalar()
-    return status == VOIDED
 
 
 def _with_charge(row: dict[str, Any], cost: Decimal, charge: Decimal) -> dict[str, Any]:
@@ -833,13 +835,6 @@ def _expire(connection: Connection, hold: HeldCredit) -> int:
         execute_on_driver(connection, statements.RELEASE_ON_KEY, released)
         execute_on_driver(connection, statements.RELEASE_ON_MEMBER, released)
     return 1
-
-
-def hold_status(hold_id: str) -> str | None:
-    """Return the status of the hold ``hold_id``; None if there is no such hold."""
-    status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
-    db.session.commit()
-    return status
 
 
 def void_hold(connection: Connection, *, hold_id: str, account_id: int, seen: str | None) -> bool:
