@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 
 import pytest
 import requests
@@ -16,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app.credits import ledger
-from app.credits.models import LedgerEntry
+from app.credits.models import Hold, LedgerEntry
 from app.database import (
     AUTOCOMMIT_ENGINE,
     KEPT_CONNECTIONS,
@@ -370,6 +371,49 @@ def test_a_statement_that_must_know_whether_it_ran_is_not_run_again(postgres_url
 
     with app.app_context(), pytest.raises(OperationalError):
         execute_alone(sqlalchemy.text("SELECT 1"), {}, again_if_lost=False)
+
+
+@pytest.mark.parametrize("with_key", [True, False], ids=["keyed", "keyless"])
+def test_a_hold_applied_whose_answer_was_lost_is_placed_once(
+    postgres_url, funded_key, monkeypatch, with_key
+):
+    """The hold's statement commits, then its connection is lost before the answer arrives.
+
+    The statement runs again and finds its own row: the request has its hold, reserved
+    once, where the rerun used to fail on the row's id (a 500).
+    """
+    app = app_pinging_after(postgres_url, idle_seconds=3600)
+    kept = app.extensions[KEPT_CONNECTIONS]
+    run = kept.run
+    lost: list[str] = []
+
+    def applied_then_lost(statement, parameters, *, prepared):
+        rows = run(statement, parameters, prepared=prepared)
+        if "hold_id" in parameters and not lost:
+            lost.append(parameters["hold_id"])
+            error = Exception("server closed the connection unexpectedly")
+            raise OperationalError("a hold", {}, error, connection_invalidated=True)
+        return rows
+
+    monkeypatch.setattr(kept, "run", applied_then_lost)
+    amount = Decimal("0.5")
+    with app.app_context():
+        held = ledger.place_hold(
+            account_id=funded_key.account_id,
+            amount=amount,
+            ttl_seconds=60,
+            key_id=funded_key.key_id if with_key else None,
+            hold_id=f"chatcmpl-lost-answer-{with_key}",
+        )
+        money = ledger.account_money(funded_key.account_id)
+        statuses = db.session.scalars(
+            select(Hold.status).where(Hold.account_id == funded_key.account_id)
+        ).all()
+        db.session.commit()
+
+    assert lost == [held.id]
+    assert isinstance(held, ledger.HeldCredit) and held.amount == amount
+    assert statuses == ["open"] and money.reserved == amount
 
 
 def test_a_forked_process_keeps_none_of_its_parents_connections(postgres_url, monkeypatch):

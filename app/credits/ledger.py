@@ -279,8 +279,14 @@ def _try_hold(hold: dict[str, Any], windows: dict[str, int], key_digest: str | N
     except _HoldRefused as refused:
         return refused.outcome
     except IntegrityError:
-        if hold_status(hold["id"]) == VOIDED:
+        status = hold_status(hold["id"])
+        if status == VOIDED:
             raise HoldVoided(hold["id"]) from None
+        if status == OPEN:
+            # The hold's statement was applied but its answer was lost with its
+            # connection, and it ran again (execute_alone): the open hold under this
+            # request's own id is the one it placed, reserved once.
+            return _HELD
         raise
 
 

@@ -268,9 +268,9 @@ def execute_alone(
 
     A statement whose connection is found lost (the server closed it while it sat
     unused) runs once more on another, every kept connection given up with it: a read,
-    or a hold whose first try, if it was applied after all, is a hold nobody settles,
-    released when it expires. ``again_if_lost=False`` leaves that to the caller, for a
-    statement that must know whether it was applied (a settlement).
+    or a hold, whose second try meets the first one's row if that was applied after all
+    (place_hold then takes it as its own). ``again_if_lost=False`` leaves that to the
+    caller, for a statement that must know whether it was applied (a settlement).
     """
     kept = current_app.extensions[KEPT_CONNECTIONS]
     if not again_if_lost:
