@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,3 +68,33 @@ def webhook_receiver(answers: list[int] | None = None) -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def trickling_receiver(seconds: float = 20) -> Iterator[str]:
+    """Serve a receiver that answers a byte of its head every 0.2 s for ``seconds``; yield its URL.
+
+    Each byte comes well within a read timeout: only a deadline on the whole try ends it.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65_536)
+                head = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"." * int(seconds / 0.2)
+                for byte in head:
+                    if stop.wait(0.2):
+                        return
+                    connection.sendall(bytes([byte]))
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hooks/gateway"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(timeout=5)

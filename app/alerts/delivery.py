@@ -16,6 +16,7 @@ import logging
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
+import gevent
 import requests
 from cryptography.fernet import InvalidToken
 from sqlalchemy import select, update
@@ -42,9 +43,12 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_DELAY = timedelta(seconds=10)
 RETRY_LONGEST_DELAY = timedelta(hours=1)
 RETRY_FOR = timedelta(hours=24)
-# Longer than a try can take (connect + read timeouts, or SMTP's), so no two overlap.
+# Longer than a try can take (a webhook's deadline, or SMTP's timeouts), so no two overlap.
 DELIVERY_LEASE = timedelta(minutes=2)
 WEBHOOK_TIMEOUT = (3.05, 10)  # seconds to connect, and to wait for each read
+# A receiver that trickles its answer resets the read timeout with each byte: a try ends
+# after this many seconds in all, so that no receiver holds the worker's deliveries.
+WEBHOOK_DEADLINE_SECONDS = 30
 # A receiver's answer is read no further: its status is what counts.
 RESPONSE_READ_CAP = 1024
 BATCH = 50
@@ -172,14 +176,17 @@ def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int
         SIGNATURE_HEADER: signature(secret, int(now.timestamp()), body),
     }
     try:
-        with requests.post(
-            url,
-            data=body,
-            headers=headers,
-            timeout=WEBHOOK_TIMEOUT,
-            allow_redirects=False,
-            stream=True,
-        ) as response:
+        with (
+            _within_deadline(),
+            requests.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=WEBHOOK_TIMEOUT,
+                allow_redirects=False,
+                stream=True,
+            ) as response,
+        ):
             response.raw.read(RESPONSE_READ_CAP)
             status = response.status_code
     except requests.RequestException as error:
@@ -187,6 +194,18 @@ def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int
     if not 200 <= status < 300:
         raise DeliveryFailed(f"HTTP {status}", status)
     return status
+
+
+def _within_deadline() -> gevent.Timeout:
+    """Return a timeout that ends a webhook's try after WEBHOOK_DEADLINE_SECONDS in all.
+
+    Deliveries run in a gevent worker's greenlet (app.sweeper), whose sockets wait
+    through gevent's hub: the timeout interrupts a wait. Elsewhere (a process whose
+    sockets gevent has not patched) a wait does not yield, and only WEBHOOK_TIMEOUT's
+    bounds on each read apply.
+    """
+    seconds = WEBHOOK_DEADLINE_SECONDS
+    return gevent.Timeout(seconds, DeliveryFailed(f"no answer within {seconds} s"))
 
 
 def _record_failure(delivery: AlertDelivery, failure: DeliveryFailed, now: datetime) -> None:

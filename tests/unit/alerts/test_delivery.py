@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
 from decimal import Decimal
 
@@ -13,7 +15,8 @@ from app.alerts.models import DELIVERED, FAILED, AlertEvent
 from app.credits import ledger
 from app.database import utcnow
 from app.extensions import db
-from tests.alert_receiver import webhook_receiver
+from tests.alert_receiver import trickling_receiver, webhook_receiver
+from tests.conftest import ROOT
 from tests.factories import AccountFactory
 
 
@@ -173,3 +176,42 @@ def test_a_secret_sealed_under_another_secret_key_fails_the_try_not_the_delivere
     assert receiver.posts == 0
     assert (line.delivery.status, line.delivery.attempts) == ("pending", 1)
     assert "SECRET_KEY changed" in line.delivery.last_error
+
+
+# A webhook's try as a worker's alert deliverer makes it: sockets patched by gevent.
+TRY_IN_A_WORKER = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import sys
+from datetime import UTC, datetime
+
+from app import create_app
+from app.alerts import delivery
+from app.alerts.models import AlertEvent
+
+delivery.WEBHOOK_DEADLINE_SECONDS = 1
+settings = {"SQLALCHEMY_DATABASE_URI": sys.argv[2], "ALERT_WEBHOOK_NETWORKS": "127.0.0.0/8"}
+app = create_app("testing", settings)
+event = AlertEvent(id=1, type="balance.below_threshold", data="{}", created=0)
+with app.app_context():
+    try:
+        print("delivered", delivery.post_webhook(sys.argv[1], "secret", event, datetime.now(UTC)))
+    except delivery.DeliveryFailed as failed:
+        print("failed:", failed.reason)
+"""
+
+
+def test_a_receiver_that_trickles_its_answer_fails_the_try_at_its_deadline(tmp_path):
+    database = f"sqlite:///{tmp_path / 'unused.sqlite3'}"
+    with trickling_receiver(seconds=20) as url:
+        tried = subprocess.run(
+            [sys.executable, "-c", TRY_IN_A_WORKER, url, database],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert tried.returncode == 0, tried.stderr[-2000:]
+    assert tried.stdout.strip() == "failed: no answer within 1 s"
