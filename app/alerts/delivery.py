@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import gevent
-import requests
+import requests.certs
+import urllib3
 from cryptography.fernet import InvalidToken
 from sqlalchemy import select, update
 
@@ -32,7 +33,7 @@ from app.alerts.models import (
     AlertEndpoint,
     AlertEvent,
 )
-from app.alerts.networks import refusal
+from app.alerts.networks import AddressRefused, checked_address
 from app.alerts.secrets import unseal
 from app.database import utcnow
 from app.extensions import db
@@ -165,35 +166,67 @@ def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | No
 
 
 def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int:
-    """POST the signed event to ``url``; return its 2xx status. :raise DeliveryFailed."""
+    """POST the signed event to ``url``; return its 2xx status. :raise DeliveryFailed.
+
+    The connection goes to the address checked (networks.checked_address), under the
+    URL's name: its Host header, and for HTTPS the name its certificate must carry.
+    """
     parts = urlsplit(url)
+    host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    if refused := refusal(parts.hostname or "", port):
-        raise DeliveryFailed(f"refused: {refused}")
+    try:
+        address = checked_address(host, port)
+    except AddressRefused as refused:
+        raise DeliveryFailed(f"refused: {refused}") from None
     body = event_body(event)
     headers = {
+        "Host": parts.netloc.rpartition("@")[2],
         "Content-Type": "application/json",
         SIGNATURE_HEADER: signature(secret, int(now.timestamp()), body),
     }
+    target = urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    pool = _connection_pool(parts.scheme, address, port, host)
     try:
-        with (
-            _within_deadline(),
-            requests.post(
-                url,
-                data=body,
-                headers=headers,
-                timeout=WEBHOOK_TIMEOUT,
-                allow_redirects=False,
-                stream=True,
-            ) as response,
-        ):
-            response.raw.read(RESPONSE_READ_CAP)
-            status = response.status_code
-    except requests.RequestException as error:
+        with _within_deadline():
+            status = _post(pool, target, body, headers)
+    except urllib3.exceptions.HTTPError as error:
         raise DeliveryFailed(f"{type(error).__name__}") from error
+    finally:
+        pool.close()
     if not 200 <= status < 300:
         raise DeliveryFailed(f"HTTP {status}", status)
     return status
+
+
+def _connection_pool(scheme: str, address: str, port: int, host: str) -> urllib3.HTTPConnectionPool:
+    """Return a pool of one connection to ``address``; for HTTPS, checked as ``host``'s."""
+    timeout = urllib3.Timeout(connect=WEBHOOK_TIMEOUT[0], read=WEBHOOK_TIMEOUT[1])
+    if scheme == "https":
+        return urllib3.HTTPSConnectionPool(
+            address,
+            port,
+            timeout=timeout,
+            retries=False,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=requests.certs.where(),
+            server_hostname=host,
+            assert_hostname=host,
+        )
+    return urllib3.HTTPConnectionPool(address, port, timeout=timeout, retries=False)
+
+
+def _post(
+    pool: urllib3.HTTPConnectionPool, target: str, body: bytes, headers: dict[str, str]
+) -> int:
+    """POST ``body`` to ``target`` in ``pool``; read the answer's start; return its status."""
+    response = pool.urlopen(
+        "POST", target, body=body, headers=headers, redirect=False, preload_content=False
+    )
+    try:
+        response.read(RESPONSE_READ_CAP)
+    finally:
+        response.release_conn()
+    return response.status
 
 
 def _within_deadline() -> gevent.Timeout:

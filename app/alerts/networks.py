@@ -5,9 +5,9 @@ check the service would POST to whatever its own network reaches (a cloud's meta
 address, a database's port, an internal admin page) and show the answer's status in the
 delivery log. A hostname is resolved when each try is made, and every address it
 resolves to must be allowed; ALERT_WEBHOOK_NETWORKS names the private networks (CIDRs)
-that are, for receivers inside the operator's own network. The addresses are checked
-before connecting, so a name that resolves anew between the check and the connection
-(DNS rebinding) is not caught.
+that are, for receivers inside the operator's own network. The try then connects to an
+address that was checked, never to the name again: a name that resolves elsewhere
+between the check and the connection (DNS rebinding) cannot lead it past the check.
 """
 
 from __future__ import annotations
@@ -42,18 +42,29 @@ def is_allowed(address: IPAddress, networks: Iterable[IPNetwork]) -> bool:
     return any(address in network for network in networks)
 
 
-def refusal(host: str, port: int) -> str | None:
-    """Return why ``host`` may not be sent a webhook (resolving it), or None if it may."""
+class AddressRefused(Exception):
+    """A webhook's host may not be sent to; the message says why."""
+
+
+def checked_address(host: str, port: int) -> str:
+    """Resolve ``host`` once; return the address its webhook connects to.
+
+    Every address the name resolves to must be allowed, not only the one returned.
+    :raise AddressRefused: the name does not resolve, or to an address not allowed.
+    """
     networks = allowed_networks(current_app.config["ALERT_WEBHOOK_NETWORKS"])
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        return f"{host} does not resolve"
-    for *_, sockaddr in found:
-        address = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        raise AddressRefused(f"{host} does not resolve") from None
+    addresses = [sockaddr[0] for *_, sockaddr in found]
+    for text in addresses:
+        address = ipaddress.ip_address(text.split("%")[0])
         if not is_allowed(address, networks):
-            return f"{host} is a private address ({address}), not in ALERT_WEBHOOK_NETWORKS"
-    return None
+            raise AddressRefused(
+                f"{host} is a private address ({address}), not in ALERT_WEBHOOK_NETWORKS"
+            )
+    return addresses[0]
 
 
 def literal_refusal(host: str) -> str | None:

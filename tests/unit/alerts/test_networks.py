@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from decimal import Decimal
 
 import pytest
@@ -86,3 +87,31 @@ def test_the_setting_is_checked_when_read_from_the_environment():
     }
     with pytest.raises(ConfigurationError, match="ALERT_WEBHOOK_NETWORKS"):
         settings_from_environment({"ALERT_WEBHOOK_NETWORKS": "10.0.0.0/33"})
+
+
+def test_a_name_that_resolves_elsewhere_after_its_check_is_not_followed(public_only, monkeypatch):
+    """DNS rebinding: the name's first answer is allowed, its next points inside.
+
+    The try connects to the address it checked (nothing listens there), never to the
+    receiver at the address the name resolves to afterwards.
+    """
+    account = AccountFactory.create(credits=Decimal("10"))
+    public_only.config["ALERT_WEBHOOK_NETWORKS"] = "127.0.0.2/32"
+    resolve = socket.getaddrinfo
+    answers: list[str] = []
+
+    def rebinding(host, port, *args, **kwargs):
+        if host != "rebinding.example":
+            return resolve(host, port, *args, **kwargs)
+        answers.append("127.0.0.2" if not answers else "127.0.0.1")
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (answers[-1], port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    with webhook_receiver() as receiver:
+        add_webhook(account.id, receiver.url.replace("127.0.0.1", "rebinding.example"))
+        set_balance_threshold(account.id, Decimal("100"))
+        deliver_alerts()
+    assert receiver.posts == 0
+    [line] = delivery_log(account.id)
+    assert line.delivery.status == PENDING and line.delivery.attempts == 1
+    assert answers[0] == "127.0.0.2" and "refused" not in line.delivery.last_error
