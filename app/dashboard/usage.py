@@ -262,53 +262,101 @@ def key_names(account_id: int) -> dict[int, str]:
     return names
 
 
-def _totals(
-    statement: Select[Any], account_id: int, usage: UsageFilter, *group: Any
-) -> list[UsageTotal]:
-    cost = func.sum(UsageRollup.cost)
-    statement = statement.add_columns(
+@dataclass(frozen=True)
+class RolledUp:
+    """An account's rollups under a filter, summed per UTC day, key and model: one read.
+
+    The usage page's totals per model, key and member, and its chart, are all summed
+    from these few rows (days x keys x models) rather than each by a read of its own of
+    the rollups (days x 24 hours x keys x models).
+    """
+
+    # (day, key id, model, requests, prompt tokens, completion tokens, cost)
+    sums: list[tuple[date, int, str, int, int, int, Decimal]]
+    # Each key's name and its member's e-mail, by key id.
+    holders: dict[int, tuple[str, str | None]]
+
+    def by_model(self) -> list[UsageTotal]:
+        """Return requests, tokens and cost per model, costliest first."""
+        return _costliest_first((row[2], row) for row in self.sums)
+
+    def by_key(self) -> list[UsageTotal]:
+        """Return requests, tokens and cost per key (unkeyed records together), costliest first."""
+        # Charges made without a key are filed under NO_KEY, which names no key's row.
+        return _costliest_first(
+            ((row[1], self.holders.get(row[1], (NO_KEY_LABEL, None))[0]), row) for row in self.sums
+        )
+
+    def by_member(self) -> list[UsageTotal]:
+        """Return requests, tokens and cost per member (by their keys), costliest first.
+
+        A removed member's spend stays theirs; charges made without a key are together.
+        """
+        return _costliest_first(
+            (self.holders.get(row[1], (None, None))[1] or NO_KEY_LABEL, row) for row in self.sums
+        )
+
+    def daily_spend(self) -> dict[tuple[date, str], Decimal]:
+        """Return the cost per (UTC day, model)."""
+        spend: dict[tuple[date, str], Decimal] = {}
+        for day, _, model, *_, cost in self.sums:
+            spend[day, model] = spend.get((day, model), Decimal(0)) + cost
+        return spend
+
+
+NO_KEY_LABEL = "(no key)"
+
+
+def _costliest_first(grouped: Iterator[tuple[Any, tuple]]) -> list[UsageTotal]:
+    """Sum the rows under their groups; return a total per group, costliest first.
+
+    A group is its label, or (key id, label): two keys of one name stay apart.
+    """
+    sums: dict[Any, list] = {}
+    for group, (_, _, _, requests, prompt, completion, cost) in grouped:
+        total = sums.setdefault(group, [0, 0, 0, Decimal(0)])
+        total[0] += requests
+        total[1] += prompt
+        total[2] += completion
+        total[3] += cost
+    totals = [
+        UsageTotal(group if isinstance(group, str) else group[1], *total)
+        for group, total in sums.items()
+    ]
+    return sorted(totals, key=lambda total: (-total.cost, total.label))
+
+
+def rolled_up(account_id: int, usage: UsageFilter) -> RolledUp:
+    """Return the account's rollups under ``usage``, summed per UTC day, key and model."""
+    # SQLite's date() answers text, PostgreSQL's a date: both print as YYYY-MM-DD.
+    day = func.date(UsageRollup.hour, type_=String)
+    statement = select(
+        day,
+        UsageRollup.api_key_id,
+        UsageRollup.model,
         func.sum(UsageRollup.requests),
         func.sum(UsageRollup.prompt_tokens),
         func.sum(UsageRollup.completion_tokens),
-        cost,
+        func.sum(UsageRollup.cost),
     )
-    statement = _rolled_up(statement, account_id, usage).group_by(*group).order_by(cost.desc())
-    totals = [
-        UsageTotal(str(r[0]), int(r[1]), int(r[2]), int(r[3]), r[4] or Decimal(0))
+    statement = _rolled_up(statement, account_id, usage).group_by(
+        day, UsageRollup.api_key_id, UsageRollup.model
+    )
+    sums = [
+        (date.fromisoformat(str(r[0])[:10]), r[1], r[2], int(r[3]), int(r[4]), int(r[5]), r[6])
         for r in db.session.execute(statement)
     ]
+    holders = {
+        key_id: (name, email)
+        for key_id, name, email in db.session.execute(
+            select(ApiKey.id, KEY_NAME, Person.email)
+            .outerjoin(Membership, Membership.id == ApiKey.member_id)
+            .outerjoin(Person, Person.id == Membership.person_id)
+            .where(ApiKey.account_id == account_id)
+        )
+    }
     db.session.commit()
-    return totals
-
-
-def totals_by_model(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
-    """Return requests, tokens and cost per model, costliest first."""
-    return _totals(select(UsageRollup.model), account_id, usage, UsageRollup.model)
-
-
-def totals_by_key(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
-    """Return requests, tokens and cost per key (unkeyed records together), costliest first."""
-    # Charges made without a key are filed under NO_KEY, which names no key's row.
-    label = func.coalesce(KEY_NAME, "(no key)")
-    statement = select(label).select_from(UsageRollup)
-    statement = statement.outerjoin(ApiKey, ApiKey.id == UsageRollup.api_key_id)
-    return _totals(statement, account_id, usage, UsageRollup.api_key_id, KEY_NAME)
-
-
-def totals_by_member(account_id: int, usage: UsageFilter) -> list[UsageTotal]:
-    """Return requests, tokens and cost per member (by their keys' rollups), costliest first.
-
-    A removed member's spend stays theirs; charges made without a key are together.
-    """
-    label = func.coalesce(Person.email, "(no key)")
-    statement = (
-        select(label)
-        .select_from(UsageRollup)
-        .outerjoin(ApiKey, ApiKey.id == UsageRollup.api_key_id)
-        .outerjoin(Membership, Membership.id == ApiKey.member_id)
-        .outerjoin(Person, Person.id == Membership.person_id)
-    )
-    return _totals(statement, account_id, usage, Person.email)
+    return RolledUp(sums, holders)
 
 
 def member_key_ids(member_id: int) -> tuple[int, ...]:
@@ -316,26 +364,6 @@ def member_key_ids(member_id: int) -> tuple[int, ...]:
     ids = tuple(db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)))
     db.session.commit()
     return ids
-
-
-def daily_spend(
-    account_id: int, *, days: int, today: date, key_ids: tuple[int, ...] | None = None
-) -> dict[tuple[date, str], Decimal]:
-    """Return the cost per (UTC day, model) over the ``days`` days ending ``today``."""
-    first = today - timedelta(days=days - 1)
-    # SQLite's date() answers text, PostgreSQL's a date: both print as YYYY-MM-DD.
-    day = func.date(UsageRollup.hour, type_=String)
-    statement = _rolled_up(
-        select(day, UsageRollup.model, func.sum(UsageRollup.cost)),
-        account_id,
-        UsageFilter(since=first, until=today, key_ids=key_ids),
-    ).group_by(day, UsageRollup.model)
-    spend = {
-        (date.fromisoformat(str(row[0])[:10]), row[1]): row[2]
-        for row in db.session.execute(statement)
-    }
-    db.session.commit()
-    return spend
 
 
 def spend_by_key_since(account_id: int, since: datetime) -> dict[int, Decimal]:

@@ -431,9 +431,14 @@ def _usage_filter() -> usage.UsageFilter:
 def usage_page() -> str:
     """Show daily spend per model, totals per model and key, and the generations."""
     account_id, chosen, today = current_user.account_id, _usage_filter(), utcnow().date()
-    spend = usage.daily_spend(account_id, days=CHART_DAYS, today=today, key_ids=chosen.key_ids)
     totalled = usage.with_dates(chosen, days=CHART_DAYS, today=today)
-    by_model = usage.totals_by_model(account_id, totalled)
+    totals = usage.rolled_up(account_id, totalled)
+    # The chart shows the last CHART_DAYS whatever the filter but the keys: as the
+    # totals, unless a key, a model or dates are chosen.
+    charted = usage.UsageFilter(key_ids=chosen.key_ids)
+    charted = usage.with_dates(charted, days=CHART_DAYS, today=today)
+    spend = (totals if charted == totalled else usage.rolled_up(account_id, charted)).daily_spend()
+    by_model = totals.by_model()
     used = {total.label for total in by_model} | {chosen.model} - {None}
     return render_template(
         "dashboard/usage.html",
@@ -441,8 +446,8 @@ def usage_page() -> str:
         chosen=chosen,
         totalled=totalled,
         by_model=by_model,
-        by_key=usage.totals_by_key(account_id, totalled),
-        by_member=usage.totals_by_member(account_id, totalled) if _sees_every_key() else None,
+        by_key=totals.by_key(),
+        by_member=totals.by_member() if _sees_every_key() else None,
         page=usage.generations_page(
             account_id,
             chosen,

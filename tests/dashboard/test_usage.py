@@ -142,3 +142,25 @@ def test_totals_cover_the_last_30_days_unless_dates_are_chosen(app, holder_clien
     assert "dev-chat-mini" in window and "<td>dev-chat</td>" not in window
     assert "<td>dev-chat</td>" in everything and "dev-chat-mini" in everything
     assert "the last 30 days, unless dates are chosen" in client.get("/usage").text
+
+
+def test_the_chart_keeps_every_model_while_the_totals_follow_a_models_filter(history):
+    client, _, rows = history
+    spent = sum(row["cost"] for row in rows)
+
+    whole = client.get("/usage").text
+    filtered = client.get("/usage?model=dev-chat").text
+
+    def chart_total(page: str) -> str:
+        return re.search(r'<title id="chart-title">[^<]*: \$([0-9.]+) in all</title>', page)[1]
+
+    def legend(page: str) -> list[str]:
+        listed = page.split('class="legend"')[1].split("</ul>")[0]
+        return re.findall(r"</svg> ([\w-]+)</li>", listed)
+
+    def per_model(page: str) -> str:
+        return page.split('id="totals-1"')[1].split("</section>")[0]
+
+    assert chart_total(whole) == chart_total(filtered) and Decimal(chart_total(whole)) == spent
+    assert legend(whole) == legend(filtered) and set(legend(whole)) == {"dev-chat", "dev-chat-mini"}
+    assert "dev-chat-mini" in per_model(whole) and "dev-chat-mini" not in per_model(filtered)
