@@ -37,7 +37,7 @@ from app.auth.keys import forget_remembered_callers
 from app.auth.models import DELETED, ApiKey
 from app.budgets import ROLLING_MICROS, WINDOWS, BudgetCounters, calendar_start, unix_micros
 from app.credits.models import CHARGE, OPEN, Hold, LedgerEntry
-from app.database import utcnow
+from app.database import again_after_deadlock, utcnow
 from app.extensions import db
 
 LIMIT_DECIMAL_PLACES = 6
@@ -69,19 +69,24 @@ def set_key_budget(
     :raise KeyNotFound: no key has ``key_id`` (of the organisation ``account_id``, if given).
     """
     amount, window = checked_budget_amount(amount), checked_window(window)
-    taken_over = take_over_open_holds(Hold.reserved_on_key, [key_id], amount)
-    key = db.session.scalar(
-        select(ApiKey)
-        .where(ApiKey.id == key_id, ApiKey.state != DELETED)
-        .where(ApiKey.account_id == account_id if account_id is not None else true())
-        .with_for_update()
-    )
-    if key is None:
-        db.session.rollback()
-        raise KeyNotFound(f"no API key with id {key_id}")
-    apply_budget(key, amount, window, [key.id], taken_over)
-    _record(actor, key.account_id, f"key:{key.id}", amount, window)
-    db.session.commit()
+
+    def change() -> ApiKey:
+        taken_over = take_over_open_holds(Hold.reserved_on_key, [key_id], amount)
+        key = db.session.scalar(
+            select(ApiKey)
+            .where(ApiKey.id == key_id, ApiKey.state != DELETED)
+            .where(ApiKey.account_id == account_id if account_id is not None else true())
+            .with_for_update()
+        )
+        if key is None:
+            db.session.rollback()
+            raise KeyNotFound(f"no API key with id {key_id}")
+        apply_budget(key, amount, window, [key.id], taken_over)
+        _record(actor, key.account_id, f"key:{key.id}", amount, window)
+        db.session.commit()
+        return key
+
+    key = again_after_deadlock(change)
     forget_remembered_callers()
     return key
 
@@ -98,18 +103,23 @@ def set_member_budget(
     :raise KeyNotFound: no member has ``member_id``.
     """
     amount, window = checked_budget_amount(amount), checked_window(window)
-    key_ids = list(db.session.scalars(select(ApiKey.id).where(ApiKey.member_id == member_id)))
-    taken_over = take_over_open_holds(Hold.reserved_on_member, key_ids, amount)
-    member = db.session.scalar(
-        select(Membership).where(Membership.id == member_id).with_for_update()
-    )
-    if member is None:
-        db.session.rollback()
-        raise KeyNotFound(f"no member with id {member_id}")
-    apply_budget(member, amount, window, key_ids, taken_over)
-    _record(actor, member.account_id, f"member:{member.id}", amount, window)
-    db.session.commit()
-    return member
+
+    def change() -> Membership:
+        keys_of_member = select(ApiKey.id).where(ApiKey.member_id == member_id)
+        key_ids = list(db.session.scalars(keys_of_member))
+        taken_over = take_over_open_holds(Hold.reserved_on_member, key_ids, amount)
+        member = db.session.scalar(
+            select(Membership).where(Membership.id == member_id).with_for_update()
+        )
+        if member is None:
+            db.session.rollback()
+            raise KeyNotFound(f"no member with id {member_id}")
+        apply_budget(member, amount, window, key_ids, taken_over)
+        _record(actor, member.account_id, f"member:{member.id}", amount, window)
+        db.session.commit()
+        return member
+
+    return again_after_deadlock(change)
 
 
 def _record(
@@ -156,7 +166,8 @@ def apply_budget(
     it (``key_window_start`` or ``member_window_start``, as ``row`` is a key or a
     member): the settled ones' charges are its spend so far, the open ones' will be when
     they settle. A settlement waiting meanwhile takes the hold's row before the key's,
-    the opposite order: PostgreSQL ends such a deadlock, and the settlement tries again.
+    the opposite order: PostgreSQL ends such a deadlock, and whichever of the two it
+    ended runs again (the settlement, or the budget's change: again_after_deadlock).
     """
     row.budget = amount
     if taken_over:

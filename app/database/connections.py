@@ -209,6 +209,29 @@ def lock_until_commit(connection: Connection, name: str) -> None:
         connection.execute(_ADVISORY_LOCK, {"name": name})
 
 
+# PostgreSQL's code for a transaction it ended to break a deadlock.
+DEADLOCK_DETECTED = "40P01"
+
+
+def again_after_deadlock(change: Callable[[], Written], *, tries: int = 3) -> Written:
+    """Run ``change``, a transaction on the session that commits; again if ended by a deadlock.
+
+    Two transactions that take the same rows in opposite orders can wait on each other;
+    PostgreSQL ends one of them, which has then applied nothing. A change made seldom
+    (an operator's or admin's) that takes rows in another order than the requests do
+    runs again once the other transaction has its rows, rather than failing its caller.
+    """
+    for _ in range(tries - 1):
+        try:
+            return change()
+        except exc.OperationalError as error:
+            db.session.rollback()
+            if getattr(error.orig, "sqlstate", None) != DEADLOCK_DETECTED:
+                raise
+            log.warning("%s; running the transaction again", failure_reason(error))
+    return change()
+
+
 def failure_reason(error: exc.DBAPIError) -> str:
     """Say why a statement failed in one line, without its text or parameters."""
     lost = "the database connection was lost" if error.connection_invalidated else "it failed"

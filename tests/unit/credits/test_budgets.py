@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -496,3 +498,61 @@ def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock
     assert shapes_of_a_hold() == ["without"]
     assert counters(key_id)[1] == 0
     assert_audit_clean(account.id)
+
+
+def waiting_on_a_lock(statement_start: str, timeout: float = 20) -> None:
+    """Return once a connection's statement starting with ``statement_start`` waits on a lock."""
+    deadline = time.monotonic() + timeout
+    with db.engine.connect() as watcher:
+        while time.monotonic() < deadline:
+            waiting = watcher.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND query LIKE :start"
+                ),
+                {"start": statement_start + "%"},
+            ).scalar()
+            watcher.rollback()
+            if waiting:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"no statement {statement_start!r} waited on a lock")
+
+
+def test_a_budgets_change_ended_to_break_a_deadlock_runs_again(app_context, database_url):
+    """A settlement takes its hold's row, then its key's; a budget's new window the reverse.
+
+    PostgreSQL ends the budget's change (it waited first): it runs again once the
+    settlement has its rows, where it used to fail its caller (a 500 on the dashboard).
+    """
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite runs one write transaction at a time: no two wait on each other")
+    account = AccountFactory.create(credits=Decimal("10"))
+    key_id = create_key(account_id=account.id, name="deadlocked").id
+    set_key_budget(key_id, amount=Decimal("5"), window="month")
+    held = hold(account, key_id, "0.01", hold_id=unique("deadlocked"))
+    outcome: dict[str, object] = {}
+
+    def change_the_window() -> None:
+        with app_context.app_context():
+            try:
+                set_key_budget(key_id, amount=None, window="week")
+                outcome["changed"] = True
+            except Exception as error:  # noqa: BLE001 - the test reports it
+                outcome["error"] = error
+
+    with db.engine.connect() as settlement:
+        settlement.execute(text("UPDATE holds SET status = status WHERE id = :id"), {"id": held.id})
+        changing = threading.Thread(target=change_the_window)
+        changing.start()
+        waiting_on_a_lock("UPDATE holds")
+        settlement.execute(
+            text("UPDATE api_keys SET last_used_at = now() WHERE id = :id"), {"id": key_id}
+        )
+        settlement.commit()
+    changing.join(timeout=60)
+
+    assert outcome == {"changed": True}
+    db.session.expire_all()
+    key = db.session.get(ApiKey, key_id)
+    assert key.budget is None and key.budget_window == "week"
