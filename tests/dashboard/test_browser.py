@@ -137,6 +137,9 @@ def test_a_holder_manages_keys_and_sees_their_usage_in_the_browser(
     assert page.evaluate(fits), "every column of the keys table shows at desktop width"
     page.screenshot(path=str(artifacts / "keys.png"), full_page=True)
     page.get_by_role("link", name="Usage", exact=True).click()
+    page.get_by_role("heading", name="Generations").wait_for()
+    generations_fit = fits.replace(".table-scroll", ".table-scroll:has(table.generations)")
+    assert page.evaluate(generations_fit), "every column of the generations shows at desktop width"
     page.screenshot(path=str(artifacts / "usage.png"), full_page=True)
     generations = page.locator("table.generations tbody tr")
     assert generations.count() == len(answered)
