@@ -131,9 +131,14 @@ class KeyLimitsForm(FlaskForm):
 
 
 class CreateKeyForm(KeyLimitsForm):
-    """A new key's name, and its limits."""
+    """A new key's name, its limits, and for an admin the member it is for.
+
+    The view gives ``member`` its choices (the organisation's members) for an admin or
+    owner, and removes it for a member, whose keys are their own.
+    """
 
     name = StringField("Key name", validators=[DataRequired(), Length(max=100)])
+    member = SelectField("For member", coerce=int)
 
 
 class GrantForm(FlaskForm):

@@ -26,7 +26,7 @@ from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import Forbidden, NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
-from app.accounts import keys
+from app.accounts import keys, members
 from app.accounts.budgets import set_key_budget
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
@@ -266,27 +266,38 @@ def _keys_page(form: CreateKeyForm, status: int = 200) -> tuple[str, int]:
     return page, status
 
 
+def _create_key_form() -> CreateKeyForm:
+    """Return the form to create a key: for an admin or owner, for any current member."""
+    form = CreateKeyForm()
+    form.permitted_models.choices = _model_choices()
+    if not _sees_every_key():
+        del form.member
+        return form
+    current = members.list_members(current_user.account_id)
+    form.member.choices = [(row.membership.id, row.email) for row in current]
+    if form.member.data is None:
+        form.member.data = current_user.member_id
+    return form
+
+
 @bp.get("/keys")
 @role_required()
 def list_keys() -> tuple[str, int]:
     """List the account's keys, with the form to create one."""
-    form = CreateKeyForm()
-    form.permitted_models.choices = _model_choices()
-    return _keys_page(form)
+    return _keys_page(_create_key_form())
 
 
 @bp.post("/keys")
 @role_required()
 def create_key() -> tuple[str, int]:
-    """Create a named key and show its value, this once."""
-    form = CreateKeyForm()
-    form.permitted_models.choices = _model_choices()
+    """Create a named key, for its creator or the member an admin chose; show its value once."""
+    form = _create_key_form()
     if not form.validate():
         return _keys_page(form, 400)
     try:
         issued = keys.create_key(
             account_id=current_user.account_id,
-            member_id=current_user.member_id,
+            member_id=form.member.data if "member" in form else current_user.member_id,
             name=form.name.data.strip(),
             permitted_models=form.permitted_models.models,
             monthly_limit=form.monthly_limit.amount,

@@ -311,3 +311,37 @@ def test_an_invite_whose_mail_fails_shows_the_link(app, team, monkeypatch):
     shown = invite(owner.client, new_email(), "member")
     assert shown.status_code == 201 and 'id="invite-link"' in shown.text
     assert "could not be e-mailed" in shown.text
+
+
+def test_an_admin_creates_a_key_for_a_member_and_a_member_only_for_themselves(app, team):
+    owner, admin, member = team
+    keys_page = admin.client.get("/keys").text
+    assert 'name="member"' in keys_page and member.email in keys_page
+    assert 'name="member"' not in member.client.get("/keys").text
+
+    data = {"name": "for-the-member", "member": str(member.member_id)}
+    created = post_form(admin.client, "/keys", "/keys", data)
+    assert created.status_code == 201, created.text
+    value = new_key_value(created.text)
+    assert ask(app, value) == 200
+    assert "for-the-member" in member.client.get("/keys").text
+    usage = member.client.get("/usage").text
+    assert "for-the-member" in usage
+
+    # A member's form has no such field: what they post for it is not read.
+    data = {"name": "not-for-the-admin", "member": str(admin.member_id)}
+    created = post_form(member.client, "/keys", "/keys", data)
+    assert created.status_code == 201, created.text
+    # A removed member, or another organisation's, is not among the choices.
+    data = {"name": "for-nobody", "member": "999999999"}
+    refused = post_form(admin.client, "/keys", "/keys", data)
+    assert refused.status_code == 400 and "Not a valid choice" in refused.text
+    with app.app_context():
+        owners = dict(
+            db.session.execute(
+                select(ApiKey.name, ApiKey.member_id).where(
+                    ApiKey.name.in_(["for-the-member", "not-for-the-admin", "for-nobody"])
+                )
+            ).all()
+        )
+    assert owners == {"for-the-member": member.member_id, "not-for-the-admin": member.member_id}
