@@ -13,6 +13,7 @@ to RETRY_LONGEST_DELAY, for RETRY_FOR; after that the delivery is marked failed.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,7 +34,7 @@ from app.alerts.models import (
     AlertEndpoint,
     AlertEvent,
 )
-from app.alerts.networks import AddressRefused, checked_address
+from app.alerts.networks import AddressRefused, checked_addresses
 from app.alerts.secrets import unseal
 from app.database import utcnow
 from app.extensions import db
@@ -168,14 +169,14 @@ def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | No
 def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int:
     """POST the signed event to ``url``; return its 2xx status. :raise DeliveryFailed.
 
-    The connection goes to the address checked (networks.checked_address), under the
+    The connection goes to an address checked (networks.checked_addresses), under the
     URL's name: its Host header, and for HTTPS the name its certificate must carry.
     """
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        address = checked_address(host, port)
+        addresses = checked_addresses(host, port)
     except AddressRefused as refused:
         raise DeliveryFailed(f"refused: {refused}") from None
     body = event_body(event)
@@ -185,48 +186,71 @@ def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int
         SIGNATURE_HEADER: signature(secret, int(now.timestamp()), body),
     }
     target = urlunsplit(("", "", parts.path or "/", parts.query, ""))
-    pool = _connection_pool(parts.scheme, address, port, host)
+    post = _WebhookPost(parts.scheme, host, port, target, body, headers)
     try:
         with _within_deadline():
-            status = _post(pool, target, body, headers)
+            status = post.to_first_answering(addresses)
     except urllib3.exceptions.HTTPError as error:
         raise DeliveryFailed(f"{type(error).__name__}") from error
-    finally:
-        pool.close()
     if not 200 <= status < 300:
         raise DeliveryFailed(f"HTTP {status}", status)
     return status
 
 
-def _connection_pool(scheme: str, address: str, port: int, host: str) -> urllib3.HTTPConnectionPool:
-    """Return a pool of one connection to ``address``; for HTTPS, checked as ``host``'s."""
-    timeout = urllib3.Timeout(connect=WEBHOOK_TIMEOUT[0], read=WEBHOOK_TIMEOUT[1])
-    if scheme == "https":
-        return urllib3.HTTPSConnectionPool(
-            address,
-            port,
-            timeout=timeout,
-            retries=False,
-            cert_reqs="CERT_REQUIRED",
-            ca_certs=requests.certs.where(),
-            server_hostname=host,
-            assert_hostname=host,
-        )
-    return urllib3.HTTPConnectionPool(address, port, timeout=timeout, retries=False)
+@dataclass(frozen=True)
+class _WebhookPost:
+    """A webhook's POST: the name it is for, and what it sends."""
 
+    scheme: str
+    host: str
+    port: int
+    target: str
+    body: bytes
+    headers: dict[str, str]
 
-def _post(
-    pool: urllib3.HTTPConnectionPool, target: str, body: bytes, headers: dict[str, str]
-) -> int:
-    """POST ``body`` to ``target`` in ``pool``; read the answer's start; return its status."""
-    response = pool.urlopen(
-        "POST", target, body=body, headers=headers, redirect=False, preload_content=False
-    )
-    try:
-        response.read(RESPONSE_READ_CAP)
-    finally:
-        response.release_conn()
-    return response.status
+    def to_first_answering(self, addresses: list[str]) -> int:
+        """POST to the first of ``addresses`` that takes the connection; return the status.
+
+        The addresses are tried in turn, as a client tries a name's: one the service
+        cannot reach (an IPv6 address, on a host without IPv6) does not fail the try.
+        """
+        for address in addresses[:-1]:
+            try:
+                return self.to(address)
+            except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError):
+                continue
+        return self.to(addresses[-1])
+
+    def to(self, address: str) -> int:
+        """POST to ``address``; read the answer's start; return its status."""
+        timeout = urllib3.Timeout(connect=WEBHOOK_TIMEOUT[0], read=WEBHOOK_TIMEOUT[1])
+        if self.scheme == "https":
+            pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
+                address,
+                self.port,
+                timeout=timeout,
+                retries=False,
+                cert_reqs="CERT_REQUIRED",
+                ca_certs=requests.certs.where(),
+                server_hostname=self.host,
+                assert_hostname=self.host,
+            )
+        else:
+            pool = urllib3.HTTPConnectionPool(address, self.port, timeout=timeout, retries=False)
+        with pool:
+            response = pool.urlopen(
+                "POST",
+                self.target,
+                body=self.body,
+                headers=self.headers,
+                redirect=False,
+                preload_content=False,
+            )
+            try:
+                response.read(RESPONSE_READ_CAP)
+            finally:
+                response.release_conn()
+            return response.status
 
 
 def _within_deadline() -> gevent.Timeout:

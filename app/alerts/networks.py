@@ -46,10 +46,10 @@ class AddressRefused(Exception):
     """A webhook's host may not be sent to; the message says why."""
 
 
-def checked_address(host: str, port: int) -> str:
-    """Resolve ``host`` once; return the address its webhook connects to.
+def checked_addresses(host: str, port: int) -> list[str]:
+    """Resolve ``host`` once; return the addresses its webhook may connect to, in order.
 
-    Every address the name resolves to must be allowed, not only the one returned.
+    Every address the name resolves to must be allowed.
     :raise AddressRefused: the name does not resolve, or to an address not allowed.
     """
     networks = allowed_networks(current_app.config["ALERT_WEBHOOK_NETWORKS"])
@@ -57,14 +57,14 @@ def checked_address(host: str, port: int) -> str:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         raise AddressRefused(f"{host} does not resolve") from None
-    addresses = [sockaddr[0] for *_, sockaddr in found]
+    addresses = list(dict.fromkeys(sockaddr[0] for *_, sockaddr in found))
     for text in addresses:
         address = ipaddress.ip_address(text.split("%")[0])
         if not is_allowed(address, networks):
             raise AddressRefused(
                 f"{host} is a private address ({address}), not in ALERT_WEBHOOK_NETWORKS"
             )
-    return addresses[0]
+    return addresses
 
 
 def literal_refusal(host: str) -> str | None:

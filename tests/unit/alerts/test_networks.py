@@ -15,7 +15,7 @@ from app.alerts.endpoints import (
     delivery_log,
     set_balance_threshold,
 )
-from app.alerts.models import PENDING
+from app.alerts.models import DELIVERED, PENDING
 from app.alerts.networks import allowed_networks, is_allowed
 from config.settings import ConfigurationError, settings_from_environment
 from tests.alert_receiver import webhook_receiver
@@ -115,3 +115,28 @@ def test_a_name_that_resolves_elsewhere_after_its_check_is_not_followed(public_o
     [line] = delivery_log(account.id)
     assert line.delivery.status == PENDING and line.delivery.attempts == 1
     assert answers[0] == "127.0.0.2" and "refused" not in line.delivery.last_error
+
+
+def test_a_names_addresses_are_tried_in_turn_until_one_answers(public_only, monkeypatch):
+    """The first address takes no connection (an IPv6 address, on a host without IPv6)."""
+    account = AccountFactory.create(credits=Decimal("10"))
+    public_only.config["ALERT_WEBHOOK_NETWORKS"] = "127.0.0.0/8"
+    resolve = socket.getaddrinfo
+
+    def two_addresses(host, port, *args, **kwargs):
+        if host != "two.example":
+            return resolve(host, port, *args, **kwargs)
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))
+            for address in ("127.0.0.2", "127.0.0.1")
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    with webhook_receiver() as receiver:
+        url = receiver.url.replace("127.0.0.1", "two.example")
+        _, receiver.secret = add_webhook(account.id, url)
+        set_balance_threshold(account.id, Decimal("100"))
+        deliver_alerts()
+    assert receiver.posts == 1 and receiver.bad_signatures == 0
+    [line] = delivery_log(account.id)
+    assert line.delivery.status == DELIVERED
