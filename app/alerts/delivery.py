@@ -175,10 +175,6 @@ def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        addresses = checked_addresses(host, port)
-    except AddressRefused as refused:
-        raise DeliveryFailed(f"refused: {refused}") from None
     body = event_body(event)
     headers = {
         "Host": parts.netloc.rpartition("@")[2],
@@ -189,7 +185,9 @@ def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int
     post = _WebhookPost(parts.scheme, host, port, target, body, headers)
     try:
         with _within_deadline():
-            status = post.to_first_answering(addresses)
+            status = post.to_first_answering(checked_addresses(host, port))
+    except AddressRefused as refused:
+        raise DeliveryFailed(f"refused: {refused}") from None
     except urllib3.exceptions.HTTPError as error:
         raise DeliveryFailed(f"{type(error).__name__}") from error
     if not 200 <= status < 300:
@@ -255,6 +253,8 @@ class _WebhookPost:
 
 def _within_deadline() -> gevent.Timeout:
     """Return a timeout that ends a webhook's try after WEBHOOK_DEADLINE_SECONDS in all.
+
+    The name's resolution is part of the try: a slow resolver counts against it too.
 
     Deliveries run in a gevent worker's greenlet (app.sweeper), whose sockets wait
     through gevent's hub: the timeout interrupts a wait. Elsewhere (a process whose

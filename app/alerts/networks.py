@@ -58,6 +58,8 @@ def checked_addresses(host: str, port: int) -> list[str]:
     except (OSError, UnicodeError):
         raise AddressRefused(f"{host} does not resolve") from None
     addresses = list(dict.fromkeys(sockaddr[0] for *_, sockaddr in found))
+    if not addresses:
+        raise AddressRefused(f"{host} does not resolve")
     for text in addresses:
         address = ipaddress.ip_address(text.split("%")[0])
         if not is_allowed(address, networks):
