@@ -68,6 +68,11 @@ def whole_outcome(response: dict[str, Any]) -> Outcome:
     return Outcome(usage_from(usage), FINISH_REASONS.get(reason, "stop") if reason else None)
 
 
+def as_written(name: str, data: str) -> bytes:
+    """Frame an upstream's event as it wrote it."""
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode())
+
+
 def answered(
     response: dict[str, Any], generation: Generation, cost: Decimal | None = None
 ) -> dict[str, Any]:
@@ -83,7 +88,8 @@ class RelayedStream(DeliveryMeter):
 
     ``observe`` takes each upstream read (the core's RelayMeter); ``events`` frames the
     events they completed. ``message_start`` is answered as the gateway's message; from
-    ``message_delta`` on, events wait for ``ending``, which gives the usage its cost.
+    ``message_delta`` on, events wait for ``ending``, which gives the usage its cost. An
+    ``error`` event waits for it too: a caller who sees the stream end sees it billed.
     """
 
     def __init__(self, generation: Generation) -> None:
@@ -95,6 +101,8 @@ class RelayedStream(DeliveryMeter):
         self.kept_back: list[dict[str, Any]] = []
         # message_start's usage, updated by message_delta's (its output is a running total).
         self.counts: dict[str, Any] = {}
+        # The upstream's error event, framed as it came, kept back for the end.
+        self.error_frame = b""
 
     def observe(self, data: bytes) -> bool:
         """Read one upstream read; return whether it delivered generated output."""
@@ -117,10 +125,12 @@ class RelayedStream(DeliveryMeter):
             if reason:
                 self.finish_reason = FINISH_REASONS.get(reason, "stop")
             self.kept_back.append(payload)
+        elif kind == "error":
+            self.failed = True
+            self.error_frame += as_written(name, data)
         else:
-            self.failed = self.failed or kind == "error"
             # Every other event goes on as the upstream wrote it.
-            self.completed.append(b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode()))
+            self.completed.append(as_written(name, data))
             return self.delivered_text(payload)
         return False
 
@@ -164,12 +174,12 @@ class RelayedStream(DeliveryMeter):
                 yield framed
 
     def ending(self, end: StreamEnd) -> bytes:
-        """Frame the kept-back events with the stream's cost; nothing after an error event."""
+        """Frame the kept-back events with the stream's cost, after the upstream's error event."""
         if self.failed and not self.kept_back:
-            return b""  # the caller has the upstream's error event
+            return self.error_frame
         if not self.kept_back:
             raise UpstreamError("The model's upstream ended the stream before its last event.")
-        framed = []
+        framed = [self.error_frame]
         for payload in self.kept_back:
             if payload.get("type") == "message_delta":
                 usage = payload.get("usage") if type(payload.get("usage")) is dict else {}
