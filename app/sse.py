@@ -49,6 +49,11 @@ def typed_events(bodies: list[dict[str, Any]]) -> bytes:
     )
 
 
+def written_event(name: str, data: bytes) -> bytes:
+    """Frame an upstream's event under its own name, its data as given: a door passing it on."""
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), data)
+
+
 @functools.cache
 def _event_line(kind: str) -> bytes:
     # Event types are a door's own few names, never a caller's: one line each is kept.

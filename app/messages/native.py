@@ -24,7 +24,7 @@ from app.providers.anthropic import FINISH_REASONS, usage_from
 from app.providers.base import NativeCall, Usage
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import EventBuilder, json_object
-from app.sse import Framing, typed_event
+from app.sse import Framing, typed_event, written_event
 
 # The caller's headers that go on with a passed-through request.
 PASSED_ON_HEADERS = ("anthropic-version", "anthropic-beta")
@@ -66,11 +66,6 @@ def whole_outcome(response: dict[str, Any]) -> Outcome:
         raise UpstreamError("The model's upstream answered without its usage.")
     reason = response.get("stop_reason")
     return Outcome(usage_from(usage), FINISH_REASONS.get(reason, "stop") if reason else None)
-
-
-def as_written(name: str, data: str) -> bytes:
-    """Frame an upstream's event as it wrote it."""
-    return b"event: %s\ndata: %s\n\n" % (name.encode(), data.encode())
 
 
 def answered(
@@ -127,10 +122,10 @@ class RelayedStream(DeliveryMeter):
             self.kept_back.append(payload)
         elif kind == "error":
             self.failed = True
-            self.error_frame += as_written(name, data)
+            self.error_frame += written_event(name, data.encode())
         else:
             # Every other event goes on as the upstream wrote it.
-            self.completed.append(as_written(name, data))
+            self.completed.append(written_event(name, data.encode()))
             return self.delivered_text(payload)
         return False
 

@@ -35,7 +35,7 @@ from app.responses.bodies import COMPLETED, FAILED, INCOMPLETE, error_body, usag
 from app.responses.conversation import Turn
 from app.responses.ids import response_id_of_item
 from app.responses.schemas import ResponseRequest, item_type
-from app.sse import Framing, typed_event, typed_events
+from app.sse import Framing, typed_event, typed_events, written_event
 
 # The fields of a request the gateway answers itself, not the upstream.
 GATEWAY_FIELDS = ("previous_response_id", "store", "input", "max_output_tokens")
@@ -245,7 +245,7 @@ class RelayedStream(DeliveryMeter):
             else:
                 # Every other event goes on as the upstream wrote it.
                 encoded = data.encode()
-            framed.append(b"event: %s\ndata: %s\n\n" % (name.encode(), encoded))
+            framed.append(written_event(name, encoded))
         self.completed.clear()
         return b"".join(framed)
 
