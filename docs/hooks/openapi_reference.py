@@ -129,16 +129,24 @@ def schema_lines(name: str, schema: dict) -> list[str]:
     lines = [f"### {name} {{#schema-{name.lower()}}}", "", f"Type: {type_of(schema, link=False)}"]
     if schema.get("description"):
         lines += ["", schema["description"]]
-    properties = schema.get("properties", {})
-    if properties:
-        required = set(schema.get("required", []))
-        lines += ["", "| field | type | required | description |", "|---|---|---|---|"]
-        for field, spec in properties.items():
-            lines.append(
-                f"| `{field}` | {type_of(spec)} | {'yes' if field in required else 'no'}"
-                f" | {cell(description_of(spec))} |"
-            )
+    rows = property_rows(schema)
+    if rows:
+        lines += ["", "| field | type | required | description |", "|---|---|---|---|", *rows]
     return lines + [""]
+
+
+def property_rows(schema: dict, prefix: str = "") -> list[str]:
+    """One table row per property; an object's own properties follow it, named by a dot."""
+    required = set(schema.get("required", []))
+    rows = []
+    for field, spec in schema.get("properties", {}).items():
+        rows.append(
+            f"| `{prefix}{field}` | {type_of(spec)} | {'yes' if field in required else 'no'}"
+            f" | {cell(description_of(spec))} |"
+        )
+        rows += property_rows(spec, f"{prefix}{field}.")
+        rows += property_rows(spec.get("items", {}), f"{prefix}{field}[].")
+    return rows
 
 
 def description_of(schema: dict) -> str:
