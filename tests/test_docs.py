@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from config.settings import ENVIRONMENT_MAP
+
 ROOT = Path(__file__).resolve().parent.parent
 HOOK = "docs/hooks/openapi_reference.py"
 
@@ -79,3 +81,13 @@ def test_a_broken_link_anchor_or_page_fails_the_build(tmp_path):
     warnings = warnings_of(done.stderr)
     for named in ("missing.md", "no-such-heading", "left-out.md"):
         assert any(named in warning for warning in warnings), done.stderr
+
+
+def test_the_environment_page_lists_every_variable_in_one_table():
+    page = (ROOT / "docs" / "operating" / "environment.md").read_text()
+    table = page.split("| variable | default | meaning |\n", 1)[1].split("\n\n", 1)[0]
+    listed = {row.split("`")[1] for row in table.splitlines() if row.startswith("| `")}
+    gunicorn = {"PORT", "WEB_CONCURRENCY", "WORKER_CONNECTIONS", "PROMETHEUS_MULTIPROC_DIR"}
+    read = {variable for variable, _, _ in ENVIRONMENT_MAP} | gunicorn | {"APP_ENV", "FLASK_APP"}
+    assert read <= listed, f"not in the table: {sorted(read - listed)}"
+    assert all(line.startswith("|") for line in table.splitlines())
