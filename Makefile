@@ -10,7 +10,7 @@ export FLASK_APP := wsgi
 DEBIAN_PACKAGES ?= chromium curl nodejs nginx pgbouncer postgresql redis-server valgrind
 NODE_CLIENTS := tests/clients/node tests/clients/responses_node tests/clients/messages_node
 
-.PHONY: run test lint system node-clients
+.PHONY: run test lint system node-clients docs
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,3 +48,7 @@ lint: $(VENV)/.dev
 
 test: lint system node-clients
 	$(BIN)/pytest
+
+# The documentation site (mkdocs.yml), served as it is edited; the tests build it strict.
+docs: $(VENV)/.dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8001

@@ -58,6 +58,7 @@ from app.dashboard.forms import (
     SignUpForm,
 )
 from app.dashboard.pages import Cursor
+from app.dashboard.quickstart import client_configurations
 from app.dashboard.security import (
     admin_required,
     role_required,
@@ -536,10 +537,16 @@ def usage_csv() -> Response:
 @bp.get("/quickstart")
 @login_required
 def quickstart() -> str:
-    """Show copy-paste examples with this service's address and the account's models."""
+    """Show each door's address and every client's configuration, ready to copy."""
     models = [model.id for model in current_catalog().list()]
-    base_url = request.host_url.rstrip("/") + API_PREFIX
-    return render_template("dashboard/quickstart.html", base_url=base_url, models=models)
+    root_url = request.host_url.rstrip("/")
+    return render_template(
+        "dashboard/quickstart.html",
+        root_url=root_url,
+        base_url=root_url + API_PREFIX,
+        models=models,
+        configurations=client_configurations(root_url, models[0] if models else "MODEL"),
+    )
 
 
 @bp.get("/admin/accounts")

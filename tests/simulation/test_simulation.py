@@ -1,7 +1,7 @@
 """The money path under seeded random schedules of requests, faults and time.
 
-Replay a failure with ``pytest tests/simulation --seed N --steps M``; see the README's
-"Simulating the money path".
+Replay a failure with ``pytest tests/simulation --seed N --steps M``; see
+docs/contributing/testing.md, "Simulating the money path".
 """
 
 from __future__ import annotations
