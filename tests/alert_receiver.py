@@ -8,7 +8,7 @@ import hmac
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,19 +33,32 @@ class Receiver:
     events: list[dict] = field(default_factory=list)
     bad_signatures: int = 0
     posts: int = 0
+    # The signature time (``t=``) of each POST, in the order they came.
+    signed_at: list[int] = field(default_factory=list)
 
 
 @contextmanager
-def webhook_receiver(answers: list[int] | None = None) -> Iterator[Receiver]:
-    """Serve a receiver on a free port; set its ``secret`` once the endpoint is made."""
+def webhook_receiver(
+    answers: list[int] | None = None, before_answer: Callable[[], None] | None = None
+) -> Iterator[Receiver]:
+    """Serve a receiver on a free port; set its ``secret`` once the endpoint is made.
+
+    ``before_answer`` runs on each POST before it is answered: a slow receiver's wait.
+    """
     receiver = Receiver(url="", answers=list(answers or []))
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - the standard library's name
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            if before_answer is not None:
+                before_answer()
             with lock:
                 receiver.posts += 1
+                header = dict(
+                    item.split("=", 1) for item in self.headers["Gateway-Signature"].split(",")
+                )
+                receiver.signed_at.append(int(header["t"]))
                 status = receiver.answers.pop(0) if receiver.answers else 200
                 if verify(receiver.secret, self.headers["Gateway-Signature"], body):
                     if status == 200:

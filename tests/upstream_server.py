@@ -53,7 +53,8 @@ class Reply:
     (by default until the client gives up); ``together`` sends the head and the events
     before the stall in one write, and the rest in another (an upstream faster than its
     reader); ``hang`` never answers at all; ``repeat_event`` sends events up to that
-    index, then repeats it every ``pause`` until the client closes the connection.
+    index, then repeats it every ``pause`` until the client closes the connection;
+    ``pauses`` holds (index, seconds) pairs: a wait before sending that event.
     """
 
     transcript: str | None = None
@@ -65,6 +66,7 @@ class Reply:
     together: bool = False
     hang: bool = False
     repeat_event: int | None = None
+    pauses: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -225,7 +227,9 @@ class ReplayServer:
             writer.send_together(head, pieces)
             return keep_alive
         writer.send(head)
+        pauses = dict(reply.pauses)
         for index, piece in enumerate(pieces):
+            writer.wait(pauses.get(index, 0.0))
             if index == reply.close_after_events:
                 connection.shutdown(socket.SHUT_RDWR)
                 return False

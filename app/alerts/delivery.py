@@ -4,15 +4,17 @@ Runs in each worker's background greenlet (app.sweeper), never in a request's. E
 pass fans new events out into one delivery per endpoint of their organisation, then
 tries the deliveries that are due. Every worker may run a pass at once: an event is
 fanned out by the worker whose conditional UPDATE takes it, and a delivery is tried by
-the worker whose conditional UPDATE pushes its next try out by DELIVERY_LEASE (so that
-another worker does not try it meanwhile). A failed try (not 2xx, a timeout, a refused
-connection or mail) is tried again after a delay that doubles from RETRY_FIRST_DELAY up
-to RETRY_LONGEST_DELAY, for RETRY_FOR; after that the delivery is marked failed.
+the worker whose conditional UPDATE pushes its next try out by DELIVERY_LEASE from the
+moment of the try (so that another worker does not try it meanwhile). A failed try (not
+2xx, a timeout, a refused connection or mail) is tried again after a delay that doubles
+from RETRY_FIRST_DELAY up to RETRY_LONGEST_DELAY, for RETRY_FOR; after that the delivery
+is marked failed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -109,24 +111,31 @@ def _active_endpoints(account_id: int) -> list[int]:
 
 
 def deliver_due(now: datetime | None = None) -> int:
-    """Try each delivery that is due at ``now`` (default: the time); return how many delivered."""
-    now = now or utcnow()
+    """Try each delivery that is due (at ``now``, default the time); return how many delivered.
+
+    A pass with slow receivers lasts minutes: each try's lease, signature time and
+    delivery time are the moment it is made, so that a delivery taken late in the pass
+    is not leased from its start (already expired: another worker would send it too).
+    ``now`` fixes one moment for every try, to replay a schedule.
+    """
+    clock = utcnow if now is None else (lambda: now)
     due = db.session.execute(
         select(AlertDelivery.id, AlertDelivery.next_attempt_at)
-        .where(AlertDelivery.status == PENDING, AlertDelivery.next_attempt_at <= now)
+        .where(AlertDelivery.status == PENDING, AlertDelivery.next_attempt_at <= clock())
         .order_by(AlertDelivery.next_attempt_at)
         .limit(BATCH)
     ).all()
     db.session.commit()
-    return sum(_try_once(delivery_id, due_at, now) for delivery_id, due_at in due)
+    return sum(_try_once(delivery_id, due_at, clock) for delivery_id, due_at in due)
 
 
-def _try_once(delivery_id: int, due_at: datetime, now: datetime) -> bool:
+def _try_once(delivery_id: int, due_at: datetime, clock: Callable[[], datetime]) -> bool:
     """Claim the delivery, try it, record the outcome; return whether it was delivered."""
+    taken_at = clock()
     claimed = db.session.execute(
         update(AlertDelivery)
         .where(AlertDelivery.id == delivery_id, AlertDelivery.next_attempt_at == due_at)
-        .values(next_attempt_at=now + DELIVERY_LEASE)
+        .values(next_attempt_at=taken_at + DELIVERY_LEASE)
     ).rowcount
     db.session.commit()
     if claimed != 1:
@@ -135,13 +144,13 @@ def _try_once(delivery_id: int, due_at: datetime, now: datetime) -> bool:
     event = db.session.get(AlertEvent, delivery.event_id)
     endpoint = db.session.get(AlertEndpoint, delivery.endpoint_id)
     try:
-        status = _send(endpoint, event, now)
+        status = _send(endpoint, event, taken_at)
     except DeliveryFailed as failure:
-        _record_failure(delivery, failure, now)
+        _record_failure(delivery, failure, clock())
         return False
     delivery.attempts += 1
     delivery.status, delivery.last_status, delivery.last_error = DELIVERED, status, None
-    delivery.delivered_at, delivery.next_attempt_at = now, None
+    delivery.delivered_at, delivery.next_attempt_at = clock(), None
     db.session.commit()
     return True
 
@@ -287,6 +296,5 @@ def retry_delay(attempts: int) -> timedelta:
 
 def deliver_alerts(now: datetime | None = None) -> int:
     """Fan out new events, then try the due deliveries; return how many were delivered."""
-    now = now or utcnow()
     fan_out(now)
     return deliver_due(now)

@@ -3,7 +3,10 @@
 A key is claimed before the request runs, and the claim names the generation that will
 run it: the generation's hold and its record carry that id. A whole (non-streamed)
 answer is stored with the claim and replayed to a retry with the same key and body for
-24 hours; a failed request gives its claim back so that the retry runs anew. A streamed
+24 hours; a request that failed before anything was charged gives its claim back so that
+the retry runs anew. Once its generation was charged, the claim stays bound to it, even
+if what failed came after (storing the answer): the retry gets the stored answer, or is
+told that it was lost, and is never charged again. A streamed
 answer cannot be replayed: its key stays used, so a retry is refused rather than charged
 again.
 
@@ -29,7 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import ColumnElement, Executable, delete, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Executable,
+    Exists,
+    delete,
+    exists,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
@@ -93,8 +106,8 @@ class IdempotentAnswerLost(APIError):
         super().__init__(
             "The request with this Idempotency-Key already ran as generation "
             f"'{generation.id}' and was charged ${generation.cost:f}, but its answer was not "
-            "stored: the server running it stopped before it could be (or is storing it "
-            "now). It is not run or charged again: GET /v1/generations/"
+            "stored: the server running it stopped or failed before it could be (or is "
+            "storing it now). It is not run or charged again: GET /v1/generations/"
             f"{generation.id} shows what it used; a new key runs the request anew."
         )
         self.generation_id = generation.id
@@ -291,11 +304,33 @@ def _update_claim(claim: Claim, **values: object) -> None:
 
 
 def release_claim(claim: Claim) -> None:
-    """Give the key back: the request failed, and a retry should run anew."""
+    """Give the key back, so that a retry runs anew: unless its generation was charged.
+
+    Once a settlement charged (or answered) the claim's generation, the claim stays
+    bound to it, whatever failed afterwards (storing the answer, on a connection that
+    dropped): its retry is told the answer was lost (IdempotentAnswerLost), never run and
+    charged again. The generation's record is written with its charge, in one
+    transaction, so the release reads the settlement's outcome, not the worker's belief.
+    """
     # Whatever the failed request left open in its session goes first: on SQLite a write
     # it began would hold the lock this release waits for.
     db.session.rollback()
-    _write(delete(IdempotentRequest).where(*_still_ours(claim)))
+    _write(
+        delete(IdempotentRequest).where(
+            *_still_ours(claim), ~_charged_or_answered(claim.generation_id)
+        )
+    )
+
+
+def _charged_or_answered(generation_id: str | None) -> Exists:
+    """Return whether the generation ``generation_id`` was recorded charged or answered.
+
+    The same test as ``_charged_generation``: one that failed at no cost may run anew.
+    """
+    return exists().where(
+        Generation.id == generation_id,
+        or_(Generation.cost != 0, Generation.status == COMPLETED),
+    )
 
 
 def _still_ours(claim: Claim) -> tuple[ColumnElement[bool], ...]:

@@ -412,12 +412,13 @@ _PRICES = (
 def progress_of(generation: Generation) -> dict[str, Any] | None:
     """Return the record of what the streaming ``generation`` delivered so far, as JSON.
 
-    None when nothing was delivered since its progress was last taken. Kept with its
-    hold (``ledger.record_progress``), it is what the hold is settled at if the worker
-    dies before the stream ends (``settle_interrupted``).
+    None when nothing was delivered, and no usage came, since its progress was last
+    taken. Kept with its hold (``ledger.record_progress``), it is what the hold is settled
+    at if the worker dies before the stream ends (``settle_interrupted``): the upstream's
+    usage too, once it came.
     """
     meter = generation.meter
-    if meter is None or generation.settled or not meter.delivered_since_counted:
+    if meter is None or generation.settled or not meter.changed_since_counted:
         return None
     usage = meter.usage_so_far()
     _, record = generation_record(generation, usage, INTERRUPTED, None)

@@ -3,6 +3,11 @@
 A stream is billed from the upstream's usage when it reaches its end, and otherwise
 from what it delivered, counted here. The count is kept as the stream goes, so that the
 worker can record it (app.sweeper) for the stream to be billed even if the worker dies.
+
+An estimate never counts less than was sent and delivered: the prompt as the hold
+counted it (an upper bound, unless the prompt had to be tokenized to fit), the delivered
+text by the route's tokenizer rounded up, and the upstream's own usage wherever it came
+before the estimate is taken (a stream's worker killed as it ended is billed at it).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ class Meter(Protocol):
     failed: bool
 
     @property
-    def delivered_since_counted(self) -> bool:
-        """Whether anything was delivered since the delivered tokens were last counted."""
+    def changed_since_counted(self) -> bool:
+        """Whether text was delivered, or usage came, since the usage was last estimated."""
 
     def usage_so_far(self) -> Usage:
         """Return the usage of what was delivered until now (estimated)."""
@@ -57,22 +62,21 @@ class Metered(Protocol):
     model: Model
     request: ChatRequest
     prompt_tokens: int
-    prompt_tokens_exact: bool
 
 
 class DeliveryMeter:
     """Counts what one stream delivered, as it goes: the text a door hands it (``deliver``).
 
     Tokens are counted as the generation's first route counts them; the generation's
-    ``prompt_tokens`` is the count its hold was placed with, an upper bound unless
-    ``prompt_tokens_exact``. A door's meter reads its stream's pieces and delivers their
-    text here.
+    ``prompt_tokens`` is the count its hold was placed with. A door's meter reads its
+    stream's pieces and delivers their text here, and keeps the upstream's usage in
+    ``usage`` as it comes.
     """
 
     def __init__(self, generation: Metered) -> None:
         self.route = generation.model.routes[0]
-        self.request = generation.request
-        self.usage: Usage | None = None
+        self._usage: Usage | None = None
+        self._usage_changed = False
         self.complete = False
         self.finish_reason: str | None = None
         self.failed = False
@@ -80,16 +84,25 @@ class DeliveryMeter:
         self._pieces: list[str] = []
         self._delivered_tokens = 0
         self._prompt_tokens = generation.prompt_tokens
-        self._prompt_exact = generation.prompt_tokens_exact
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage the upstream reported so far (complete once the stream ended)."""
+        return self._usage
+
+    @usage.setter
+    def usage(self, usage: Usage | None) -> None:
+        if usage != self._usage:
+            self._usage, self._usage_changed = usage, True
 
     def deliver(self, text: str) -> None:
         """Remember a piece of generated text that went out, to count if it must be."""
         self._pieces.append(text)
 
     @property
-    def delivered_since_counted(self) -> bool:
-        """Whether text was delivered since the delivered tokens were last counted."""
-        return bool(self._pieces)
+    def changed_since_counted(self) -> bool:
+        """Whether text was delivered, or usage came, since the usage was last estimated."""
+        return bool(self._pieces) or self._usage_changed
 
     def final_usage(self) -> Usage:
         """Return the usage to bill: the upstream's at the end, else what was delivered."""
@@ -100,36 +113,28 @@ class DeliveryMeter:
     def usage_so_far(self) -> Usage:
         """Return the usage of what was delivered until now (estimated).
 
-        The delivered text is counted here, with the upstream's own prompt count when it
-        sent one before the end (Anthropic does, at message_start), else the hold's
-        estimate, counted exactly once if the hold used only a bound. Nothing delivered,
-        nothing billed.
+        The upstream's usage, where it sent one before the end (Anthropic does, at
+        message_start; OpenAI's last chunk does), its output never below the delivered
+        text's count; else the hold's prompt count and the delivered text's. Nothing
+        delivered, nothing billed.
         """
+        self._usage_changed = False
         delivered = self._count_delivered()
         if delivered == 0:
             return Usage()
         if self.usage is not None:
             completion = max(self.usage.completion_tokens, delivered)
             return replace(self.usage, completion_tokens=completion, estimated=True)
-        return Usage(
-            prompt_tokens=self._prompt_count(), completion_tokens=delivered, estimated=True
-        )
+        return Usage(prompt_tokens=self._prompt_tokens, completion_tokens=delivered, estimated=True)
 
     def _count_delivered(self) -> int:
         adapter, target = self.route.adapter, self.route.target
-        # Each delta is counted alone: joined, neighbouring pieces could merge into fewer
-        # tokens than were generated.
+        # Each delta is counted alone, rounded up: joined, neighbouring pieces could merge
+        # into fewer tokens than were generated, and every delta carried one at least.
         for piece in self._pieces:
             self._delivered_tokens += adapter.count_text_tokens(piece, target)
         self._pieces.clear()
         return self._delivered_tokens
-
-    def _prompt_count(self) -> int:
-        if not self._prompt_exact:
-            adapter, target = self.route.adapter, self.route.target
-            self._prompt_tokens = adapter.count_prompt_tokens(self.request, target)
-            self._prompt_exact = True
-        return self._prompt_tokens
 
 
 class StreamMeter(DeliveryMeter):

@@ -238,7 +238,9 @@ class StreamRelay:
     """Turns an OpenAI-compatible stream's events into chunks, one call each, usage last.
 
     Usage may come on a chunk of its own (OpenAI, vLLM) or on the last chunk with choices;
-    either way it is relayed after every choice. A stream that ends without ``[DONE]``
+    either way it is relayed after every choice: at once when it comes alone after them
+    (so that a worker that dies before the stream's end has it recorded with its
+    progress), else at the end. A stream that ends without ``[DONE]``
     is complete only if it finished its choices. Chunks carry the upstream's
     system_fingerprint, or the gateway's when it sends none, and say ``more`` while
     their upstream read has more events.
@@ -247,6 +249,7 @@ class StreamRelay:
     def __init__(self, fingerprint: str) -> None:
         self.fingerprint = fingerprint
         self.usage: Usage | None = None
+        self.usage_relayed = False
         # Every choice finished, or [DONE] came; done: [DONE] came, nothing is left to read.
         self.finished = self.done = False
         # The last chunk relayed said more, and no chunk since has ended its read.
@@ -275,6 +278,11 @@ class StreamRelay:
             self.held = more = event.more
             # Positional: keyword arguments cost a relayed chunk's construction more.
             return Chunk(choices, None, self.fingerprint, more)
+        if self.finished and isinstance(raw_usage, dict):
+            # The usage alone, after every choice: the stream's last chunk, sent at once.
+            self.usage_relayed = True
+            self.held = False
+            return Chunk([], self.usage, self.fingerprint)
         if self.held and not event.more:
             # The read ends on an event without choices: what came before it goes now.
             self.held = False
@@ -291,7 +299,7 @@ class StreamRelay:
         """
         if not self.finished:
             raise UpstreamError("The model's upstream ended the answer early.")
-        if self.usage is not None:
+        if self.usage is not None and not self.usage_relayed:
             return [Chunk(choices=[], usage=self.usage, system_fingerprint=self.fingerprint)]
         if self.held:
             return [Chunk(choices=[], system_fingerprint=self.fingerprint)]

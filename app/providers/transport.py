@@ -383,9 +383,9 @@ class HttpUpstreamAdapter(Adapter):
         return math.ceil(tokens * self.token_ratio)
 
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
-        """Count the tokens of generated text."""
+        """Count the tokens of generated text, rounded up: an estimate never bills less."""
         encoding = encoding_named(target.tokenizer or self.tokenizer)
-        return round(count_text(text, encoding) * self.token_ratio)
+        return math.ceil(count_text(text, encoding) * self.token_ratio)
 
 
 def positive_int_option(options: Mapping[str, Any], key: str, default: int) -> int:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from decimal import Decimal
 
 from sqlalchemy import select
 
+from app.alerts import delivery
 from app.alerts.delivery import deliver_alerts, deliver_due
 from app.alerts.endpoints import add_email, add_webhook, delivery_log, set_balance_threshold
 from app.alerts.models import DELIVERED, FAILED, AlertEvent
@@ -215,3 +218,70 @@ def test_a_receiver_that_trickles_its_answer_fails_the_try_at_its_deadline(tmp_p
         )
     assert tried.returncode == 0, tried.stderr[-2000:]
     assert tried.stdout.strip() == "failed: no answer within 1 s"
+
+
+class SlowClock:
+    """The deliverer's clock, which each slow receiver moves on while it answers."""
+
+    def __init__(self) -> None:
+        self.moment = utcnow()
+        self.lock = threading.Lock()
+
+    def now(self):
+        with self.lock:
+            return self.moment
+
+    def wait(self, seconds: float) -> None:
+        with self.lock:
+            self.moment += timedelta(seconds=seconds)
+
+
+def test_a_delivery_taken_late_in_a_long_pass_is_not_sent_by_another_worker(
+    app_context, monkeypatch
+):
+    """Each receiver takes 90 s to answer: the pass reaches the third past one lease (2 min).
+
+    While the first worker waits for the third answer, a second worker's pass runs: the
+    third delivery is leased from the moment it was taken, so it is not due again.
+    """
+    clock = SlowClock()
+    monkeypatch.setattr(delivery, "utcnow", clock.now)
+    third_arrived, answer_third = threading.Event(), threading.Event()
+    posts = []
+
+    def slow_answer() -> None:
+        posts.append(clock.now())
+        if len(posts) == 3:
+            third_arrived.set()
+            assert answer_third.wait(30)
+        clock.wait(90)
+
+    account = AccountFactory.create(credits=Decimal("10"))
+    set_balance_threshold(account.id, Decimal("5"))
+    with contextlib.ExitStack() as stack:
+        receivers = [
+            stack.enter_context(webhook_receiver(before_answer=slow_answer)) for _ in range(3)
+        ]
+        for receiver in receivers:
+            _, receiver.secret = add_webhook(account.id, receiver.url)
+        spend(account.id, "6", "slow-pass")
+        first = threading.Thread(target=pass_in_another_worker, args=(app_context,))
+        first.start()
+        assert third_arrived.wait(30), "the first worker's pass never reached its third try"
+        deliver_alerts()
+        answer_third.set()
+        first.join(timeout=30)
+
+    assert [receiver.posts for receiver in receivers] == [1, 1, 1]
+    assert all(receiver.bad_signatures == 0 for receiver in receivers)
+    # Each try signed, and was recorded delivered, at its own moment.
+    signed = sorted(t for receiver in receivers for t in receiver.signed_at)
+    assert signed == [int(moment.timestamp()) for moment in posts]
+    db.session.expire_all()
+    delivered = sorted(line.delivery.delivered_at for line in delivery_log(account.id))
+    assert delivered == [posts[0] + timedelta(seconds=90 * n) for n in (1, 2, 3)]
+
+
+def pass_in_another_worker(app) -> None:
+    with app.app_context():
+        deliver_alerts()

@@ -140,3 +140,66 @@ def test_a_names_addresses_are_tried_in_turn_until_one_answers(public_only, monk
     assert receiver.posts == 1 and receiver.bad_signatures == 0
     [line] = delivery_log(account.id)
     assert line.delivery.status == DELIVERED
+
+
+# Each IPv6 form that embeds an IPv4 address, spelled around a private one (10.0.0.5) and
+# around a public one (8.8.8.8); Teredo's client is its last 32 bits inverted.
+EMBEDDING = {
+    "NAT64 well-known": ("64:ff9b::a00:5", "64:ff9b::808:808"),
+    "IPv4-compatible": ("::a00:5", "::808:808"),
+    "NAT64 local-use": ("64:ff9b:1::a00:5", "64:ff9b:1::808:808"),
+    "IPv4-mapped": ("::ffff:a00:5", "::ffff:808:808"),
+    "6to4": ("2002:a00:5::1", "2002:808:808::1"),
+    "Teredo": ("2001:0:4136:e378:8000:63bf:f5ff:fffa", "2001:0:4136:e378:8000:63bf:f7f7:f7f7"),
+}
+# Teredo's own prefix is not global: an operator reaching such hosts allows it.
+TEREDO = "2001::/32"
+
+
+@pytest.mark.parametrize("form", EMBEDDING)
+def test_an_ipv6_address_is_judged_by_the_ipv4_address_it_embeds(form):
+    private, public = (ipaddress.ip_address(text) for text in EMBEDDING[form])
+    networks = allowed_networks(TEREDO if form == "Teredo" else "")
+
+    assert not is_allowed(private, networks)
+    assert is_allowed(public, networks)
+    # Allowing an internal network allows its embedded spellings; the IPv6 block alone
+    # does not allow the private address inside it.
+    assert is_allowed(private, allowed_networks(f"{TEREDO},10.0.0.0/8"))
+    assert not is_allowed(private, allowed_networks(f"{TEREDO},{private}/128,64:ff9b::/32"))
+
+
+@pytest.mark.parametrize("form", EMBEDDING)
+def test_a_webhook_embedding_a_private_address_is_refused_when_added(public_only, form):
+    private, public = EMBEDDING[form]
+    account_id = AccountFactory.create().id
+    public_only.config["ALERT_WEBHOOK_NETWORKS"] = TEREDO if form == "Teredo" else ""
+
+    with pytest.raises(InvalidAlertSetting, match="private address"):
+        add_webhook(account_id, f"http://[{private}]/hooks")
+    endpoint, _ = add_webhook(account_id, f"http://[{public}]/hooks")
+    assert endpoint.target == f"http://[{public}]/hooks"
+
+
+@pytest.mark.parametrize("form", EMBEDDING)
+def test_a_name_resolving_to_an_embedded_private_address_is_not_connected_to(
+    public_only, monkeypatch, form
+):
+    account = AccountFactory.create(credits=Decimal("10"))
+    private, _ = EMBEDDING[form]
+    public_only.config["ALERT_WEBHOOK_NETWORKS"] = TEREDO if form == "Teredo" else ""
+    resolve = socket.getaddrinfo
+
+    def embedding(host, port, *args, **kwargs):
+        if host != "nat64.example":
+            return resolve(host, port, *args, **kwargs)
+        return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (private, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", embedding)
+    add_webhook(account.id, "http://nat64.example/hooks")
+    set_balance_threshold(account.id, Decimal("100"))
+    deliver_alerts()
+
+    [line] = delivery_log(account.id)
+    assert line.delivery.status == PENDING and line.delivery.attempts == 1
+    assert "nat64.example is a private address" in line.delivery.last_error

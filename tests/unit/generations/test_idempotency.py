@@ -9,7 +9,9 @@ from decimal import Decimal
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
+from app.completions import views as completions_views
 from app.credits import ledger
 from app.credits.errors import HoldVoided
 from app.database import utcnow, write_transaction
@@ -298,3 +300,43 @@ def test_a_request_taken_over_neither_stores_nor_releases_its_retrys_claim(app, 
     assert age_claim(app, funded_key.account_id, "stalled", timedelta(0)).response == (
         retrys.response
     )
+
+
+def test_a_failure_after_the_charge_keeps_the_claim_bound_to_its_generation(
+    app, client, funded_key, monkeypatch
+):
+    """The answer was charged, then writing it out failed: the retry is not run again."""
+
+    def dropped(generation, answer):
+        raise OperationalError("SELECT 1", {}, ConnectionError("the connection dropped"))
+
+    monkeypatch.setattr(completions_views, "completion_body", dropped)
+    first = post(client, funded_key.key, "charged-then-failed")
+    monkeypatch.undo()
+
+    retry = post(client, funded_key.key, "charged-then-failed")
+
+    assert first.status_code == 500
+    _, generations, charges, _ = billing_records(app, funded_key.account_id)
+    (generation,) = generations
+    assert [c.generation_id for c in charges] == [generation.id] and generation.cost > 0
+    assert retry.status_code == 409
+    assert retry.get_json()["error"]["code"] == "idempotency_answer_lost"
+
+
+def test_a_failure_before_anything_was_charged_gives_the_key_back(
+    app, client, funded_key, monkeypatch
+):
+    def unavailable(*args, **kwargs):
+        raise OperationalError("SELECT 1", {}, ConnectionError("the connection dropped"))
+
+    monkeypatch.setattr(completions_views, "start_generation", unavailable)
+    first = post(client, funded_key.key, "failed-uncharged")
+    monkeypatch.undo()
+
+    retry = post(client, funded_key.key, "failed-uncharged")
+
+    assert first.status_code == 500
+    assert retry.status_code == 200, retry.get_data(as_text=True)
+    _, _, charges, _ = billing_records(app, funded_key.account_id)
+    assert [c.generation_id for c in charges] == [retry.get_json()["id"]]

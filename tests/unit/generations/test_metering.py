@@ -61,9 +61,9 @@ def delta(text: str = "", finish: str | None = None, **fields: object) -> Chunk:
 def test_what_was_delivered_is_counted_as_it_goes():
     stream, _ = meter()
     stream.observe(delta("one two"))
-    assert stream.delivered_since_counted
+    assert stream.changed_since_counted
     assert stream.usage_so_far() == Usage(prompt_tokens=20, completion_tokens=2, estimated=True)
-    assert not stream.delivered_since_counted
+    assert not stream.changed_since_counted
 
     stream.observe(delta("three", reasoning="four five"))
     stream.observe(
@@ -92,15 +92,31 @@ def test_a_stream_cut_short_is_billed_what_it_delivered_with_the_upstreams_promp
     assert stream.final_usage() == Usage(prompt_tokens=11, completion_tokens=3, estimated=True)
 
 
-def test_a_prompt_held_on_a_bound_is_counted_exactly_once():
+def test_a_prompt_held_on_a_bound_is_billed_at_the_bound_never_counted_lower():
     stream, adapter = meter(prompt_tokens=400, prompt_exact=False)
     stream.observe(delta("one"))
     first = stream.usage_so_far()
     stream.observe(delta("two"))
     second = stream.usage_so_far()
 
-    assert (first.prompt_tokens, second.prompt_tokens) == (7, 7)
-    assert adapter.prompt_counts == 1
+    assert (first.prompt_tokens, second.prompt_tokens) == (400, 400)
+    assert adapter.prompt_counts == 0
+
+
+def test_usage_that_came_after_the_last_count_is_a_change_to_record():
+    stream, _ = meter()
+    stream.observe(delta("one two", finish="stop"))
+    stream.usage_so_far()
+    assert not stream.changed_since_counted
+
+    # OpenAI's last chunk: the usage alone, after the text.
+    stream.usage = Usage(prompt_tokens=26, completion_tokens=11)
+
+    assert stream.changed_since_counted
+    assert stream.usage_so_far() == Usage(prompt_tokens=26, completion_tokens=11, estimated=True)
+    assert not stream.changed_since_counted
+    stream.usage = Usage(prompt_tokens=26, completion_tokens=11)
+    assert not stream.changed_since_counted, "the same usage again is no change"
 
 
 def test_nothing_delivered_bills_nothing():

@@ -74,7 +74,7 @@ class LinesMeter:
         self.finish_reason = None
         self.failed = False
         self.words = 0
-        self.delivered_since_counted = False
+        self.changed_since_counted = False
 
     def observe(self, data: bytes) -> bool:
         event = json.loads(data)
@@ -85,11 +85,11 @@ class LinesMeter:
             self.usage = Usage(prompt_tokens=event["usage"][0], completion_tokens=event["usage"][1])
             return False
         self.words += len(event["text"].split())
-        self.delivered_since_counted = True
+        self.changed_since_counted = True
         return True
 
     def usage_so_far(self) -> Usage:
-        self.delivered_since_counted = False
+        self.changed_since_counted = False
         return Usage(prompt_tokens=11, completion_tokens=self.words, estimated=True)
 
     def final_usage(self) -> Usage:

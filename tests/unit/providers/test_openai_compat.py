@@ -528,10 +528,9 @@ def test_chunks_say_more_until_their_read_ends(adapter, replay_server):
 
     chunks = list(adapter.stream(chat(stream=True), TARGET))
 
-    assert [chunk.more for chunk in chunks] == [True] * 11 + [False, False]
-    # The usage event ended the read: an empty chunk stands for it, the usage comes last.
-    assert (chunks[-2].choices, chunks[-2].usage) == ([], None)
-    assert chunks[-1].usage is not None
+    assert [chunk.more for chunk in chunks] == [True] * 11 + [False]
+    # The usage event ended the read: its chunk, the last, comes as it came.
+    assert (chunks[-1].choices, chunks[-1].usage is not None) == ([], True)
     assert streamed_text(chunks) == "Hello! How can I help you today?"
 
 
