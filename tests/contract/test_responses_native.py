@@ -436,3 +436,32 @@ def test_a_repeated_idempotency_key_is_answered_once_and_charged_once(
     assert len(scripted.exchanges) == 1
     assert again.headers["Idempotent-Replayed"] == "true" and again.parse().id == first.id
     charged(app, gateway, funded, transcript_body("openai_response"))
+
+
+def test_an_upstreams_error_event_reaches_the_caller_as_sent_once_the_stream_is_billed(
+    app, gateway, funded, scripted
+):
+    # The upstream pauses after its error event: one sent on at once arrives unbilled.
+    scripted.script(
+        "/openai", Reply("openai_response_stream_error", stall_after_events=7, stall_seconds=1)
+    )
+    response = requests.post(
+        f"{gateway.url}/v1/responses",
+        headers={"Authorization": f"Bearer {funded.key}"},
+        json={"model": "gpt-five", "input": "Weather?", "stream": True},
+        stream=True,
+        timeout=30,
+    )
+    lines = response.iter_lines()
+    while (line := next(lines)) != b"event: error":
+        pass
+
+    account, (generation,), charges, holds = billing_records(app, funded.account_id)
+    assert generation.status == "failed" and [-charge.amount for charge in charges] == [
+        generation.cost
+    ]
+    assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
+    sent = load_transcript("openai_response_stream_error")[1].split(b"\n\n")[6]
+    assert b"%s\n%s" % (line, next(lines)) == sent
+    rest = b"\n".join(lines)
+    assert rest.count(b"event: ") == 1 and b"event: response.failed" in rest
