@@ -291,9 +291,16 @@ def document_parts(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
     ]
 
 
-def stop_reason_of(finish_reason: str | None) -> str:
-    """Return the stop reason a chat finish reason stands for."""
+def stop_reason_of(finish_reason: str | None, stop_sequence: str | None = None) -> str:
+    """Return the stop reason a chat finish reason stands for, ended on ``stop_sequence``."""
+    if stop_sequence is not None and (finish_reason or "stop") == "stop":
+        return "stop_sequence"
     return STOP_REASONS.get(finish_reason or "stop", "end_turn")
+
+
+def named_stop(stop_reason: str, stop_sequence: str | None) -> str | None:
+    """Return the stop sequence an answer names: the one it ended on, else none."""
+    return stop_sequence if stop_reason == "stop_sequence" else None
 
 
 def signature_of(thinking: str) -> str:
@@ -369,12 +376,15 @@ def message_of(generation: Generation, answer: Answer, *, omitted: bool) -> dict
     """Return the Message a whole generation answers with, its cost in its usage."""
     choices = answer.completion.choices
     choice = choices[0] if choices else {"message": {}, "finish_reason": None}
+    stop_sequence = answer.completion.stop_sequence
+    stop_reason = stop_reason_of(choice.get("finish_reason"), stop_sequence)
     return message_body(
         message_id=generation.id,
         model=generation.model.id,
         content=answer_content(choice["message"], omitted),
-        stop_reason=stop_reason_of(choice.get("finish_reason")),
+        stop_reason=stop_reason,
         usage=usage_body(answer.completion.usage, answer.cost),
+        stop_sequence=named_stop(stop_reason, stop_sequence),
     )
 
 
@@ -401,6 +411,8 @@ class StreamTranslation:
         self.thinking: list[str] = []
         self.signature: str | None = None
         self.stop_reason: str | None = None
+        # The caller's stop sequence the answer ended on, when its upstream said which.
+        self.stop_sequence: str | None = None
 
     def events(self, items: Iterator[StreamItem]) -> Iterator[dict[str, Any] | None]:
         """Yield the events of ``items``; the Nones pass through. Closing this closes them.
@@ -450,7 +462,8 @@ class StreamTranslation:
             for call in delta.get("tool_calls") or ():
                 events += self.tool_call(call)
             if choice.get("finish_reason"):
-                self.stop_reason = stop_reason_of(choice["finish_reason"])
+                self.stop_sequence = chunk.stop_sequence
+                self.stop_reason = stop_reason_of(choice["finish_reason"], chunk.stop_sequence)
         return events
 
     def open_block(self, kind: str, block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -536,8 +549,13 @@ class StreamTranslation:
     def end(self, end: StreamEnd) -> list[dict[str, Any]]:
         """Close the last block; the message's stop reason, whole usage and cost; stop."""
         events = self.close_block()
-        stop_reason = stop_reason_of(end.finish_reason) if end.finish_reason else self.stop_reason
+        if end.finish_reason:
+            stop_reason = stop_reason_of(end.finish_reason, self.stop_sequence)
+        else:
+            stop_reason = self.stop_reason or "end_turn"
         usage = usage_body(end.usage, end.cost)
-        events.append(message_delta(stop_reason or "end_turn", usage))
+        events.append(
+            message_delta(stop_reason, usage, named_stop(stop_reason, self.stop_sequence))
+        )
         events.append(MESSAGE_STOP)
         return events

@@ -374,8 +374,12 @@ class StreamTranslation:
             return self.block_delta(payload.get("index", 0), payload.get("delta") or {})
         if kind == "message_delta":
             self.take_usage(payload.get("usage"))
-            reason = (payload.get("delta") or {}).get("stop_reason")
-            return delta_chunk({}, FINISH_REASONS.get(reason, "stop")) if reason else None
+            delta = payload.get("delta") or {}
+            if not (reason := delta.get("stop_reason")):
+                return None
+            chunk = delta_chunk({}, FINISH_REASONS.get(reason, "stop"))
+            chunk.stop_sequence = matched_stop(delta)
+            return chunk
         self.finished = self.finished or kind == "message_stop"
         return None
 
@@ -424,6 +428,12 @@ class StreamTranslation:
             }
             return delta_chunk({"tool_calls": [call]})
         return None
+
+
+def matched_stop(answer: dict[str, Any]) -> str | None:
+    """Return the stop sequence a Message (or message_delta's delta) says it stopped on."""
+    stop = answer.get("stop_sequence")
+    return stop if answer.get("stop_reason") == "stop_sequence" and isinstance(stop, str) else None
 
 
 def delta_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> Chunk:
@@ -487,6 +497,7 @@ class AnthropicAdapter(HttpUpstreamAdapter):
             choices=[choice],
             usage=usage_from(raw_usage, reasoning),
             system_fingerprint=self.fingerprint(target),
+            stop_sequence=matched_stop(body),
         )
 
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:

@@ -98,11 +98,15 @@ class Completion:
     """A whole answer: choices in the contract's Choice shape, and the usage they cost.
 
     Each choice is ``{"index", "message": {...}, "finish_reason", "logprobs"}``.
+    ``stop_sequence`` is the caller's ``stop`` sequence that ended the first choice, when
+    the upstream says which (or the adapter knows); None when it ended otherwise, or when
+    that cannot be told (OpenAI says only ``finish_reason: stop``).
     """
 
     choices: list[dict[str, Any]]
     usage: Usage
     system_fingerprint: str | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass
@@ -117,12 +121,15 @@ class Chunk:
     brought both), so the gateway may send them together; False, the default, sends
     this one at once. An adapter that drops the event ending a read, after a chunk
     that said ``more``, yields a chunk with neither choices nor usage in its place.
+
+    ``stop_sequence``, on the chunk that finishes the first choice, is as Completion's.
     """
 
     choices: list[dict[str, Any]]
     usage: Usage | None = None
     system_fingerprint: str | None = None
     more: bool = False
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

@@ -306,11 +306,21 @@ def format_content(reply: str, response_format: Any, words: Sequence[str]) -> st
     return reply
 
 
-def cut_at_stop(text: str, stop: str | Sequence[str] | None) -> str:
-    """Cut ``text`` before the earliest occurrence of any stop sequence."""
+def cut_at_stop(text: str, stop: str | Sequence[str] | None) -> tuple[str, str | None]:
+    """Cut ``text`` before the earliest occurrence of any stop sequence; return it and that one."""
+    matched = first_stop(text, stop)
+    return (text[: text.find(matched)], matched) if matched else (text, None)
+
+
+def first_stop(text: str, stop: str | Sequence[str] | None) -> str | None:
+    """Return the stop sequence that occurs earliest in ``text``, if any.
+
+    Of sequences that start at the same place the shortest wins: generated token by
+    token, it is the one completed first.
+    """
     sequences = [stop] if isinstance(stop, str) else list(stop or ())
-    positions = [text.find(sequence) for sequence in sequences if sequence and sequence in text]
-    return text[: min(positions)] if positions else text
+    found = [(text.find(seq), len(seq), seq) for seq in sequences if seq and seq in text]
+    return min(found)[2] if found else None
 
 
 def reasoning_size(params: dict[str, Any], target: RouteTarget) -> int:
@@ -428,6 +438,8 @@ class ChoicePlan:
     tool_calls: list[ToolCallPlan]
     finish_reason: str
     logprobs: list[dict[str, Any]] | None
+    # The caller's stop sequence the content was cut at, when that is why the choice ended.
+    stop_sequence: str | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -525,19 +537,22 @@ def plan_choice(
     words = prompt_words(request.messages)
     content: list[str] = []
     calls: list[ToolCallPlan] = []
+    stop = None
     if tools := select_tools(params, request.messages):
         calls = [plan_tool_call(tool, rng, words) for tool in tools]
         reasoning, calls, finish = limit_tool_calls(reasoning, calls, limit)
     else:
         reply = reply_text(request.messages, rng)
-        text = cut_at_stop(
+        text, stop = cut_at_stop(
             format_content(reply, params.get("response_format"), words), params.get("stop")
         )
         reasoning, content, finish = limit_content(reasoning, tokenize(text), limit)
     logprobs = None
     if params.get("logprobs"):
         logprobs = [logprob_entry(token, rng, params.get("top_logprobs") or 0) for token in content]
-    return ChoicePlan(index, reasoning, content, calls, finish, logprobs)
+    # A choice cut at its limit first never reached its stop sequence.
+    stop = stop if finish == "stop" else None
+    return ChoicePlan(index, reasoning, content, calls, finish, logprobs, stop)
 
 
 def plan_choices(request: ChatRequest, target: RouteTarget, prompt: Prompt) -> list[ChoicePlan]:
@@ -587,6 +602,7 @@ class BuiltinAdapter(Adapter):
             choices=[plan.to_choice() for plan in plans],
             usage=usage_of(prompt, cached, plans),
             system_fingerprint=SYSTEM_FINGERPRINT,
+            stop_sequence=plans[0].stop_sequence,
         )
 
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
@@ -601,7 +617,11 @@ class BuiltinAdapter(Adapter):
                     self._fail_if_spent(tokens_sent)
                     tokens_sent += 1
                 self._pause()
-                yield Chunk(choices=[choice], system_fingerprint=SYSTEM_FINGERPRINT)
+                # Only the chunk that finishes the first choice names its stop sequence.
+                stop = plan.stop_sequence if choice["finish_reason"] and plan.index == 0 else None
+                yield Chunk(
+                    choices=[choice], system_fingerprint=SYSTEM_FINGERPRINT, stop_sequence=stop
+                )
         # A dying upstream never reports usage, even when the answer was shorter than the limit.
         if self.fail_after_tokens is not None:
             raise UpstreamError(FAILURE_MESSAGE)

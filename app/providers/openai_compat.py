@@ -9,6 +9,8 @@ what was held. The answer comes back cut to
 the contract's fields, so that nothing of the upstream (its name for the model, its own
 extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
 ``reasoning``. Streams always ask for usage, so billing uses the upstream's counts.
+Which stop sequence ended an answer is known only from an upstream that says so
+(vLLM's ``stop_reason``); OpenAI says only ``finish_reason: stop``.
 """
 
 from __future__ import annotations
@@ -112,6 +114,23 @@ def delta_choice_from(raw: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
+def stop_sequences(request: ChatRequest) -> frozenset[str]:
+    """Return the caller's ``stop`` sequences."""
+    stop = request.params.get("stop")
+    return frozenset([stop] if isinstance(stop, str) else stop or ())
+
+
+def matched_stop(raw: dict[str, Any], stops: frozenset[str]) -> str | None:
+    """Return the caller's stop sequence an upstream's first choice says it ended on.
+
+    vLLM's ``stop_reason`` names the stop string (or token id) that ended a choice.
+    """
+    stop = raw.get("stop_reason")
+    if raw.get("index", 0) != 0 or raw.get("finish_reason") != "stop":
+        return None
+    return stop if isinstance(stop, str) and stop in stops else None
+
+
 def generated_texts(choices: list[dict[str, Any]]) -> Iterator[tuple[str, str | None]]:
     """Yield (kind, text) for every generated text of whole choices: content, reasoning, calls."""
     for choice in choices:
@@ -181,12 +200,13 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         fingerprint = body.get("system_fingerprint")
         if not isinstance(fingerprint, str):
             fingerprint = self.fingerprint(target)
-        return Completion(choices=choices, usage=usage, system_fingerprint=fingerprint)
+        stop = matched_stop(raw_choices[0], stop_sequences(request))
+        return Completion(choices, usage, fingerprint, stop)
 
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the upstream's chunks as they arrive, then its usage if it sent one."""
         response = self.call(request, target)
-        relay = StreamRelay(self.fingerprint(target))
+        relay = StreamRelay(self.fingerprint(target), stop_sequences(request))
         complete = False
         try:
             # Each event is relayed by a call, not in this loop's body, whose variables
@@ -246,8 +266,10 @@ class StreamRelay:
     their upstream read has more events.
     """
 
-    def __init__(self, fingerprint: str) -> None:
+    def __init__(self, fingerprint: str, stops: frozenset[str] = frozenset()) -> None:
         self.fingerprint = fingerprint
+        # The caller's stop sequences, one of which the upstream may say ended the answer.
+        self.stops = stops
         self.usage: Usage | None = None
         self.usage_relayed = False
         # Every choice finished, or [DONE] came; done: [DONE] came, nothing is left to read.
@@ -277,7 +299,10 @@ class StreamRelay:
                 self.fingerprint = fingerprint
             self.held = more = event.more
             # Positional: keyword arguments cost a relayed chunk's construction more.
-            return Chunk(choices, None, self.fingerprint, more)
+            chunk = Chunk(choices, None, self.fingerprint, more)
+            if self.stops and choices[0]["finish_reason"]:
+                chunk.stop_sequence = matched_stop(raw_choices[0], self.stops)
+            return chunk
         if self.finished and isinstance(raw_usage, dict):
             # The usage alone, after every choice: the stream's last chunk, sent at once.
             self.usage_relayed = True

@@ -14,7 +14,9 @@ read them back); and ``max_output_tokens`` is the hold's when the caller set non
 The answer is the upstream's, with the gateway's id, the model's public id, the
 request's ``store`` and ``previous_response_id``, and ``usage.cost``. A stream's events
 go out as each upstream read completes them; its last event (``response.completed``,
-``.incomplete`` or ``.failed``) waits for the settlement, whose cost it carries.
+``.incomplete`` or ``.failed``) waits for the settlement, whose cost it carries. An
+upstream's ``error`` event, and whatever follows it, waits too: a caller who sees the
+stream end sees it billed.
 """
 
 from __future__ import annotations
@@ -191,7 +193,8 @@ class RelayedStream(DeliveryMeter):
 
     ``observe`` takes each upstream read (the core's RelayMeter); ``events`` then frames
     the events it completed, each response object answered as the gateway's. The last
-    event is kept back until ``ending`` is given the stream's cost.
+    event is kept back until ``ending`` is given the stream's cost, and so are an
+    ``error`` event and the events after it.
     """
 
     def __init__(self, turn: Turn, generation: Generation) -> None:
@@ -200,6 +203,8 @@ class RelayedStream(DeliveryMeter):
         self.builder = EventBuilder()
         # The events the last reads completed: name, data as sent, data decoded.
         self.completed: list[tuple[str, str, dict[str, Any]]] = []
+        # The upstream's error event and those after it, kept back for the end.
+        self.kept_back: list[tuple[str, str, dict[str, Any]]] = []
         self.terminal: dict[str, Any] | None = None
         self.sequence = -1
         # The response as last announced, for a stream that breaks to end with.
@@ -221,6 +226,8 @@ class RelayedStream(DeliveryMeter):
                 self.usage = reported_usage(payload["response"])
                 self.finish_reason = finish_reason_of(payload["response"])
                 self.terminal = payload
+            elif kind == "error" or self.kept_back:
+                self.kept_back.append((event.event, event.data, payload))
             else:
                 self.completed.append((event.event, event.data, payload))
         return delivered
@@ -236,9 +243,15 @@ class RelayedStream(DeliveryMeter):
                 yield self.framed()
 
     def framed(self) -> bytes:
-        """Frame the events the last reads completed, each response answered as ours."""
+        """Frame the events the last reads completed."""
+        framed = self.as_written(self.completed)
+        self.completed.clear()
+        return framed
+
+    def as_written(self, events: list[tuple[str, str, dict[str, Any]]]) -> bytes:
+        """Frame upstream events as they came, each response object answered as ours."""
         framed = []
-        for name, data, payload in self.completed:
+        for name, data, payload in events:
             if type(payload.get("response")) is dict:
                 self.snapshot = as_answered(self.turn, payload["response"])
                 encoded = dumps_transient({**payload, "response": self.snapshot})
@@ -246,19 +259,19 @@ class RelayedStream(DeliveryMeter):
                 # Every other event goes on as the upstream wrote it.
                 encoded = data.encode()
             framed.append(written_event(name, encoded))
-        self.completed.clear()
         return b"".join(framed)
 
     def ending(self, end: StreamEnd) -> bytes:
-        """Frame the held-back last event with the stream's cost; store its response."""
+        """Frame the kept-back events, then the last one with the stream's cost; store it."""
+        kept_back = self.as_written(self.kept_back)
         if self.terminal is None and self.failed:
-            return b""  # the caller has the upstream's error event
+            return kept_back
         if self.terminal is None:
             raise UpstreamError("The model's upstream ended the stream before the response.")
         response = as_answered(self.turn, self.terminal["response"], (end.usage, end.cost))
         if response.get("status") in (COMPLETED, INCOMPLETE):
             self.turn.finished(response)
-        return typed_event({**self.terminal, "response": response})
+        return kept_back + typed_event({**self.terminal, "response": response})
 
     def failure(self, error: APIError) -> bytes:
         """Frame the events that end a stream broken by ``error``: error, response.failed."""

@@ -102,6 +102,32 @@ def test_stream_delivers_text_events_and_its_cost(app, claude, funded_key):
     assert final.stop_reason == "end_turn"
 
 
+def test_an_answer_cut_at_a_stop_sequence_names_it_whole_and_streamed(claude):
+    # The built-in model echoes the prompt: "there" comes before anything else asked for.
+    asked = {"model": "dev-chat", "max_tokens": 200, "messages": HELLO}
+    stops = ["Ticket", "there", "never said"]
+
+    whole = claude.messages.create(**asked, stop_sequences=stops)
+    with claude.messages.stream(**asked, stop_sequences=stops) as stream:
+        (delta,) = [event for event in stream if event.type == "message_delta"]
+        final = stream.get_final_message()
+    plain = claude.messages.create(**asked)
+
+    assert whole.content[0].text == "Hello "
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", "there")
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == ("stop_sequence", "there")
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "there")
+    assert (plain.stop_reason, plain.stop_sequence) == ("end_turn", None)
+
+
+def test_an_answer_cut_at_max_tokens_before_its_stop_sequence_names_none(claude):
+    message = claude.messages.create(
+        model="dev-chat", max_tokens=1, messages=HELLO, stop_sequences=["there"]
+    )
+
+    assert (message.stop_reason, message.stop_sequence) == ("max_tokens", None)
+
+
 def test_a_tool_use_then_tool_result_round_trip(claude):
     messages = [{"role": "user", "content": "What is the weather in Paris? Use get_weather."}]
     first = claude.messages.create(

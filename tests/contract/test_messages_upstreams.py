@@ -104,6 +104,7 @@ CONVERSATION = [
     },
     {"role": "system", "content": "Answer with tools."},
 ]
+COMPARED = [{"role": "user", "content": "Which is greater, 9.11 or 9.8?"}]
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,41 @@ def test_a_conversation_with_tools_is_translated_to_an_openai_compatible_upstrea
     assert (message.usage.input_tokens, message.usage.output_tokens) == (131, 46)
     generation = settled(app, gateway, funded, "gpt-mini")
     assert cost_of_usage(message.usage) == generation.cost
+
+
+@pytest.mark.parametrize(
+    ("said", "stop_reason", "stop_sequence"),
+    [
+        # vLLM names the stop string that ended the answer.
+        ("vllm_chat_stop_sequence", "stop_sequence", "END"),
+        # Named none (it ended on its end-of-sequence token), none is made up: as OpenAI's.
+        ("vllm_chat_reasoning", "end_turn", None),
+    ],
+)
+def test_a_translated_answer_names_the_stop_sequence_its_upstream_says_it_ended_on(
+    claude, scripted, said, stop_reason, stop_sequence
+):
+    scripted.script("/third", Reply(said))
+
+    message = claude.messages.create(
+        model="gpt-mini", max_tokens=500, messages=COMPARED, stop_sequences=["STOP", "END"]
+    )
+
+    assert scripted.exchanges[0].json["stop"] == ["STOP", "END"]
+    assert (message.stop_reason, message.stop_sequence) == (stop_reason, stop_sequence)
+
+
+def test_a_translated_stream_names_the_stop_sequence_in_its_message_delta(claude, scripted):
+    scripted.script("/third", Reply("vllm_chat_stream_stop_sequence", write_size=13))
+
+    with claude.messages.stream(
+        model="gpt-mini", max_tokens=500, messages=COMPARED, stop_sequences=["END"]
+    ) as stream:
+        (delta,) = [event for event in stream if event.type == "message_delta"]
+        final = stream.get_final_message()
+
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == ("stop_sequence", "END")
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "END")
 
 
 def test_a_streamed_answer_with_tool_calls_from_an_openai_compatible_upstream(

@@ -436,3 +436,67 @@ def test_a_repeated_idempotency_key_is_answered_once_and_charged_once(
     assert len(scripted.exchanges) == 1
     assert again.headers["Idempotent-Replayed"] == "true" and again.parse().id == first.id
     charged(app, gateway, funded, transcript_body("openai_response"))
+
+
+def test_a_stream_the_upstream_fails_with_its_usage_is_recorded_failed_and_charged_that(
+    app, gateway, client, funded, scripted
+):
+    scripted.script("/openai", Reply("openai_response_stream_failed_usage"))
+
+    events = list(client.responses.create(model="gpt-five", input="Weather?", stream=True))
+
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.error.code == "server_error"
+    reported = transcript_events("openai_response_stream_failed_usage")[-1]["response"]
+    (generation,) = charged(app, gateway, funded, reported)
+    # What the upstream reported, not what the gateway counted of the two words delivered.
+    assert not generation.estimated and generation.completion_tokens == 9
+    assert (generation.status, generation.finish_reason) == ("failed", None)
+    assert failed.response.usage.output_tokens == 9
+    assert total_cost(failed.response.usage) == generation.cost
+
+
+def test_a_stream_the_upstream_ends_incomplete_is_recorded_with_its_reason(
+    app, gateway, client, funded, scripted
+):
+    scripted.script("/openai", Reply("openai_response_stream_incomplete"))
+
+    events = list(client.responses.create(model="gpt-five", input="Weather?", stream=True))
+
+    incomplete = events[-1]
+    assert incomplete.type == "response.incomplete"
+    assert incomplete.response.incomplete_details.reason == "max_output_tokens"
+    reported = transcript_events("openai_response_stream_incomplete")[-1]["response"]
+    (generation,) = charged(app, gateway, funded, reported)
+    # As a translated answer cut at its output limit is recorded.
+    assert (generation.status, generation.finish_reason) == ("completed", "length")
+    assert client.responses.retrieve(incomplete.response.id).status == "incomplete"
+
+
+def test_an_upstreams_error_event_reaches_the_caller_as_sent_once_the_stream_is_billed(
+    app, gateway, funded, scripted
+):
+    # The upstream pauses after its error event: one sent on at once arrives unbilled.
+    scripted.script(
+        "/openai", Reply("openai_response_stream_error", stall_after_events=7, stall_seconds=1)
+    )
+    response = requests.post(
+        f"{gateway.url}/v1/responses",
+        headers={"Authorization": f"Bearer {funded.key}"},
+        json={"model": "gpt-five", "input": "Weather?", "stream": True},
+        stream=True,
+        timeout=30,
+    )
+    lines = response.iter_lines()
+    while (line := next(lines)) != b"event: error":
+        pass
+
+    account, (generation,), charges, holds = billing_records(app, funded.account_id)
+    assert generation.status == "failed" and [-charge.amount for charge in charges] == [
+        generation.cost
+    ]
+    assert account.reserved == 0 and [hold.status for hold in holds] == ["settled"]
+    sent = load_transcript("openai_response_stream_error")[1].split(b"\n\n")[6]
+    assert b"%s\n%s" % (line, next(lines)) == sent
+    rest = b"\n".join(lines)
+    assert rest.count(b"event: ") == 1 and b"event: response.failed" in rest

@@ -311,6 +311,39 @@ def test_whole_answer_with_thinking_text_and_a_tool_call(adapter, replay_server)
     assert 0 < usage.reasoning_tokens < 96
 
 
+@pytest.mark.parametrize(
+    ("transcript", "named"),
+    [("anthropic_message_stop_sequence", "END"), ("anthropic_message", None)],
+)
+def test_a_whole_answer_names_the_stop_sequence_anthropic_says_it_ended_on(
+    adapter, replay_server, transcript, named
+):
+    replay_server.script("/claude", Reply(transcript))
+
+    completion = adapter.complete(chat(params={"stop": ["END"]}), TARGET)
+
+    assert completion.stop_sequence == named
+    assert completion.choices[0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("transcript", "named"),
+    [("anthropic_stream_stop_sequence", "END"), ("anthropic_stream_text", None)],
+)
+def test_a_stream_names_the_stop_sequence_on_the_chunk_that_finishes(
+    adapter, replay_server, transcript, named
+):
+    replay_server.script("/claude", Reply(transcript))
+
+    chunks = answered_chunks(adapter.stream(chat(stream=True, params={"stop": ["END"]}), TARGET))
+
+    (finishing,) = [
+        chunk for chunk in chunks if chunk.choices and chunk.choices[0]["finish_reason"]
+    ]
+    assert finishing.choices[0]["finish_reason"] == "stop" and finishing.stop_sequence == named
+    assert all(chunk.stop_sequence is None for chunk in chunks if chunk is not finishing)
+
+
 @pytest.mark.parametrize("write_size", [None, 1, 13])
 def test_streamed_text_with_pings_then_usage(adapter, replay_server, write_size):
     replay_server.script("/claude", Reply("anthropic_stream_text", write_size=write_size))

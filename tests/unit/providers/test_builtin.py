@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -328,6 +329,35 @@ def test_stop_sequences_cut_before_the_earliest_occurrence(stop, content):
     assert only_message(completion)["content"] == content
     assert completion.choices[0]["finish_reason"] == "stop"
     assert completion.usage.completion_tokens == count_tokens(content)
+
+
+@pytest.mark.parametrize(
+    ("stop", "named"),
+    [
+        ("gamma", "gamma"),
+        (["delta", "beta"], "beta"),
+        # Both start at "beta": generated token by token, the shorter is completed first.
+        (["beta gamma", "beta"], "beta"),
+        (["omega"], None),
+    ],
+)
+def test_the_stop_sequence_cut_at_is_named_whole_and_streamed(stop, named):
+    request = ask("alpha beta gamma delta", seed=1, stop=stop)
+    streamed = list(make_adapter().stream(replace(request, stream=True), PLAIN))
+
+    assert make_adapter().complete(request, PLAIN).stop_sequence == named
+    (finishing,) = [
+        chunk for chunk in streamed if chunk.choices and chunk.choices[0]["finish_reason"]
+    ]
+    assert finishing.stop_sequence == named
+    assert all(chunk.stop_sequence is None for chunk in streamed if chunk is not finishing)
+
+
+def test_a_choice_cut_at_its_limit_before_its_stop_sequence_names_none():
+    completion = make_adapter().complete(ask("alpha beta gamma", max_tokens=1, stop="beta"), PLAIN)
+
+    assert completion.choices[0]["finish_reason"] == "length"
+    assert completion.stop_sequence is None
 
 
 @pytest.mark.parametrize(

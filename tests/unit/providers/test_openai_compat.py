@@ -234,6 +234,46 @@ def test_vllm_reasoning_content_is_renamed_reasoning(adapter, replay_server):
     assert chunks[-1].usage.completion_tokens == completion.usage.completion_tokens == 42
 
 
+@pytest.mark.parametrize(
+    ("stop", "named"),
+    [
+        (["STOP", "END"], "END"),
+        ("END", "END"),
+        # A stop_reason that is not one of the caller's sequences is not taken for one.
+        (["STOP"], None),
+        (None, None),
+    ],
+)
+def test_vllms_stop_reason_names_the_stop_sequence_whole_and_streamed(
+    adapter, replay_server, stop, named
+):
+    replay_server.script(
+        "/third", Reply("vllm_chat_stream_stop_sequence"), Reply("vllm_chat_stop_sequence")
+    )
+    params = {} if stop is None else {"stop": stop}
+
+    chunks = list(adapter.stream(chat(stream=True, params=params), TARGET))
+    completion = adapter.complete(chat(params=params), TARGET)
+
+    assert completion.stop_sequence == named
+    assert [chunk.stop_sequence for chunk in chunks if chunk.stop_sequence] == [named] * bool(named)
+    # Nothing of it reaches the contract's choices.
+    assert "stop_reason" not in completion.choices[0]
+
+
+def test_an_answer_that_names_no_stop_string_names_no_stop_sequence(adapter, replay_server):
+    replay_server.script(
+        "/third", Reply("vllm_chat_stream_reasoning"), Reply("vllm_chat_reasoning")
+    )
+    params = {"stop": ["END"]}
+
+    chunks = list(adapter.stream(chat(stream=True, params=params), TARGET))
+    completion = adapter.complete(chat(params=params), TARGET)
+
+    assert completion.stop_sequence is None
+    assert all(chunk.stop_sequence is None for chunk in chunks)
+
+
 def test_crlf_stream_with_pings_and_no_usage_ends_without_a_usage_chunk(adapter, replay_server):
     replay_server.script(
         "/third", Reply("sse_starlette_chat_stream_no_usage", write_size=5, pause=0.0005)
