@@ -63,12 +63,13 @@ from app.credits.accounts import (
     find_account,
     find_account_or_raise,
 )
-from app.credits.errors import IdempotencyConflict
+from app.credits.errors import GrantOutOfRange, IdempotencyConflict
 from app.credits.models import Account
 from app.database import utcnow
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from app.generations.rollups import rebuild_rollups
+from app.money import MAX_MONEY, MONEY_QUANTUM, exact_money
 from app.providers.base import Route
 from app.providers.cooldown import upstream_cooldowns
 
@@ -113,51 +114,47 @@ DEMO_CREDITS = Decimal("10")
 
 
 class UsdAmount(click.ParamType):
-    """A positive USD amount (or zero, where zero means nothing to add), parsed exactly."""
+    """A USD amount, parsed exactly, as the ledger can hold it: every command's amounts.
+
+    An amount past what a Money column holds, or finer than its 1e-10 USD, is refused
+    here, before anything is written (the domain checks its own bounds on top).
+    ``allow_zero``: 0 is an amount (initial credits, a limit of nothing); ``allow_none``:
+    ``none`` stands for no amount.
+    """
 
     name = "usd"
 
-    def __init__(self, *, allow_zero: bool = False) -> None:
+    def __init__(self, *, allow_zero: bool = False, allow_none: bool = False) -> None:
         self.allow_zero = allow_zero
+        self.allow_none = allow_none
 
-    def convert(self, value: object, param: object, ctx: object) -> Decimal:
-        """Parse ``value`` as a Decimal amount > 0 (>= 0 when zero is allowed)."""
+    def convert(self, value: object, param: object, ctx: object) -> Decimal | None:
+        """Parse ``value`` as an exact Decimal amount, or None for ``none`` if allowed."""
+        text = str(value).strip()
+        if self.allow_none and (value is None or text.lower() == "none"):
+            return None
         try:
-            amount = Decimal(str(value))
+            amount = Decimal(text)
         except InvalidOperation:
+            amount = Decimal("NaN")
+        if not amount.is_finite():
             self.fail(f"{value!r} is not an amount in USD")
-        if not amount.is_finite() or amount < 0 or (amount == 0 and not self.allow_zero):
-            qualifier = "zero or a positive amount" if self.allow_zero else "a positive amount"
-            self.fail(f"{value!r} must be {qualifier} in USD")
+        if amount < 0 and self.allow_zero:
+            self.fail(f"{value!r} must not be negative")
+        if amount < 0 or (amount == 0 and not self.allow_zero):
+            self.fail(f"{value!r} must be a positive amount in USD")
+        if amount > MAX_MONEY:
+            self.fail(f"{value!r} is more than the ledger holds: at most {MAX_MONEY} USD")
+        if not exact_money(amount):
+            self.fail(f"{value!r} is finer than the ledger keeps: {MONEY_QUANTUM} USD")
         return amount
 
 
 USD = UsdAmount()
 # An account created without --credits starts at 0, so --credits 0 says the same thing.
 INITIAL_USD = UsdAmount(allow_zero=True)
-
-
-class UsdLimit(click.ParamType):
-    """A USD amount as written, for the domain to check (0 is a valid limit)."""
-
-    name = "usd"
-
-    def convert(self, value: object, param: object, ctx: object) -> Decimal:
-        """Parse ``value`` as a Decimal amount."""
-        try:
-            return Decimal(str(value))
-        except InvalidOperation:
-            self.fail(f"{value!r} is not an amount in USD")
-
-
-class UsdOrNone(UsdLimit):
-    """A USD amount as written, or ``none``: no amount."""
-
-    def convert(self, value: object, param: object, ctx: object) -> Decimal | None:
-        """Parse ``value`` as a Decimal amount; ``none`` is None."""
-        if value is None or str(value).strip().lower() == "none":
-            return None
-        return super().convert(value, param, ctx)
+USD_LIMIT = UsdAmount(allow_zero=True)
+USD_OR_NONE = UsdAmount(allow_zero=True, allow_none=True)
 
 
 class PercentOrNone(click.ParamType):
@@ -210,6 +207,7 @@ def operator_errors() -> Iterator[None]:
         AlreadyMember,
         LastOwner,
         IdempotencyConflict,
+        GrantOutOfRange,
         InvalidKeyLimits,
         InvalidAlertSetting,
         EndpointNotFound,
@@ -291,8 +289,8 @@ def grant_command(target: tuple[str, ...], org: str | None, idempotency_key: str
 @ORG_OPTION
 @click.option("--name", required=True, help="A name to recognise the key by.")
 @click.option("--models", type=ModelIds(), help="Comma-separated model ids the key may use.")
-@click.option("--monthly-limit", type=UsdLimit(), help="USD the key may spend per month (UTC).")
-@click.option("--limit", type=UsdLimit(), help="USD the key may spend per window (--per).")
+@click.option("--monthly-limit", type=USD_LIMIT, help="USD the key may spend per month (UTC).")
+@click.option("--limit", type=USD_LIMIT, help="USD the key may spend per window (--per).")
 @WINDOW_OPTION
 def create_key_command(
     email: str | None,
@@ -529,7 +527,7 @@ def remove_member_command(org: str, email: str) -> None:
 @orgs_cli.command("budget")
 @click.argument("org")
 @click.argument("email", required=False)
-@click.option("--usd", "amount", type=UsdOrNone(), required=True, help="USD a window, or none.")
+@click.option("--usd", "amount", type=USD_OR_NONE, required=True, help="USD a window, or none.")
 @WINDOW_OPTION
 @click.option("--key", "key_id", type=int, help="Set the budget of this key of ORG instead.")
 def budget_command(
@@ -570,7 +568,7 @@ GROUPS: tuple[AppGroup, ...] = (
 
 @alerts_cli.command("balance")
 @click.argument("org")
-@click.option("--below", "amount", type=UsdOrNone(), help="Alert under this USD balance, or none.")
+@click.option("--below", "amount", type=USD_OR_NONE, help="Alert under this USD balance, or none.")
 def alert_balance_command(org: str, amount: Decimal | None) -> None:
     """Show ORG's balance threshold (id or name); --below sets it, --below none clears it.
 

@@ -10,6 +10,13 @@ from decimal import ROUND_HALF_UP, Decimal
 
 MONEY_QUANTUM = Decimal("1e-10")
 UNITS_PER_USD = int(1 / MONEY_QUANTUM)
+# The most a Money column holds: a signed 64-bit count of MONEY_QUANTUM, 922337203.6854775807.
+MAX_MONEY = (2**63 - 1) * MONEY_QUANTUM
+
+
+def exact_money(amount: Decimal) -> bool:
+    """Tell whether ``amount`` is a whole number of MONEY_QUANTUM, which to_money keeps as is."""
+    return amount == to_money(amount)
 
 
 def to_money(amount: Decimal) -> Decimal:

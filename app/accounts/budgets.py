@@ -21,6 +21,11 @@ changes meanwhile:
 - A budget removed leaves the reservations of the holds that made them: each is
   released when its hold ends, and ``window_reserved`` is back at zero once none of
   them runs. New holds no longer reserve on the row.
+
+A key's budget set by an owner, an admin or the operator is locked
+(``ApiKey.budget_locked``): the key's member may lower it, not raise it, remove it or
+move it to another window (``checked_lock``). A budget a member set on their own key
+where none was stays theirs to change.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sqlalchemy import false, func, select, true, update
 
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
-from app.accounts.models import Membership
+from app.accounts.models import ADMIN, OWNER, Membership
 from app.auth.keys import forget_remembered_callers
 from app.auth.models import DELETED, ApiKey
 from app.budgets import ROLLING_MICROS, WINDOWS, BudgetCounters, calendar_start, unix_micros
@@ -81,6 +86,7 @@ def set_key_budget(
         if key is None:
             db.session.rollback()
             raise KeyNotFound(f"no API key with id {key_id}")
+        key.budget_locked = checked_lock(key, amount, window, actor)
         apply_budget(key, amount, window, [key.id], taken_over)
         _record(actor, key.account_id, f"key:{key.id}", amount, window)
         db.session.commit()
@@ -89,6 +95,40 @@ def set_key_budget(
     key = again_after_deadlock(change)
     forget_remembered_callers()
     return key
+
+
+def lifts_limits(actor: int | None, account_id: int) -> bool:
+    """Tell whether ``actor`` may lift any key's limit: the operator (None), an owner, an admin."""
+    if actor is None:
+        return True
+    role = db.session.scalar(
+        select(Membership.role).where(
+            Membership.account_id == account_id,
+            Membership.person_id == actor,
+            Membership.removed_at.is_(None),
+        )
+    )
+    return role in (OWNER, ADMIN)
+
+
+def checked_lock(key: ApiKey, amount: Decimal | None, window: str, actor: int | None) -> bool:
+    """Return whether ``key``'s budget set to ``amount`` a ``window`` by ``actor`` is locked.
+
+    An owner, an admin or the operator locks the budget they set. A member may lower a
+    locked budget, which stays locked; raising, removing or moving it to another window
+    rolls the transaction back and raises InvalidKeyLimits.
+    """
+    if lifts_limits(actor, key.account_id):
+        return amount is not None
+    if not key.budget_locked:
+        return False
+    if amount is None or window != key.budget_window or amount > key.budget:
+        db.session.rollback()
+        raise InvalidKeyLimits(
+            f"an owner or admin set this key's limit of ${key.budget:f} a {key.budget_window}: "
+            "you may lower it, but only they may raise it, remove it or change its window"
+        )
+    return True
 
 
 def set_member_budget(

@@ -13,7 +13,14 @@ from decimal import Decimal
 
 from sqlalchemy import select, update
 
-from app.accounts.budgets import apply_budget, checked_budget_amount, take_over_open_holds
+from app.accounts.budgets import (
+    apply_budget,
+    checked_budget_amount,
+    checked_lock,
+    checked_window,
+    lifts_limits,
+    take_over_open_holds,
+)
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.models import Membership
@@ -71,6 +78,7 @@ def create_key(
         state=ACTIVE,
         permitted_models=models,
         budget=limit,
+        budget_locked=limit is not None and lifts_limits(actor, account_id),
     )
     db.session.add(key)
     db.session.flush()
@@ -107,20 +115,26 @@ def update_key_limits(
     *,
     permitted_models: list[str] | None,
     monthly_limit: Decimal | None,
+    window: str = MONTH,
     actor: int | None = None,
 ) -> ApiKey:
-    """Set the models key ``key_id`` may use and its monthly limit (None: no limit).
+    """Set the models key ``key_id`` may use and its limit a ``window`` (None: no limit).
 
     Every charge is kept on the key's row (see ``app.credits.ledger``), and a limit set
     takes over the holds of the key's running requests (app.accounts.budgets), so a
     limit set in the middle of a month counts what was already spent and what the key's
     running requests hold.
 
-    :raise InvalidKeyLimits: a model id is not served, or the limit is not a valid amount.
+    ``actor`` (None: the operator) may lower a limit an owner or admin set, not lift it
+    unless they are one (app.accounts.budgets.checked_lock).
+
+    :raise InvalidKeyLimits: a model id is not served, the limit or window is not valid,
+        or the actor may not lift the limit.
     :raise KeyNotFound: no key has ``key_id``.
     """
     models = checked_permitted_models(permitted_models)
     limit = checked_budget_amount(monthly_limit, "the monthly limit")
+    window = checked_window(window)
     taken_over = take_over_open_holds(Hold.reserved_on_key, [key_id], limit)
     key = db.session.scalar(
         select(ApiKey).where(ApiKey.id == key_id, ApiKey.state != DELETED).with_for_update()
@@ -129,8 +143,10 @@ def update_key_limits(
         db.session.rollback()
         raise KeyNotFound(f"no API key with id {key_id}")
     key.permitted_models = models
-    apply_budget(key, limit, MONTH, [key.id], taken_over)
-    _record(actor, key, "key.limits", {"permitted_models": models, "monthly_limit": _text(limit)})
+    key.budget_locked = checked_lock(key, limit, window, actor)
+    apply_budget(key, limit, window, [key.id], taken_over)
+    detail = {"permitted_models": models, "monthly_limit": _text(limit), "window": window}
+    _record(actor, key, "key.limits", detail)
     db.session.commit()
     forget_remembered_callers()
     return key

@@ -201,7 +201,8 @@ def create_organisation(*, name: str, owner_email: str, actor: int | None) -> Ac
 
 def find_organisation(reference: str) -> Account:
     """Return the organisation with id or name ``reference``. :raise AccountNotFound."""
-    if reference.isdigit() and (account := db.session.get(Account, int(reference))):
+    numeric = reference.isascii() and reference.isdigit()
+    if numeric and (account := db.session.get(Account, int(reference))):
         return account
     named = db.session.scalars(select(Account).where(Account.name == reference).limit(2)).all()
     if len(named) > 1:

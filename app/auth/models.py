@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, ForeignKey, Integer, String
+from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.budgets import BudgetCounters
@@ -47,3 +47,8 @@ class ApiKey(BudgetCounters, db.Model):
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     last_used_at = mapped_column(UTCDateTime, nullable=True)
     permitted_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # The budget was set by an owner, an admin or the operator: the key's member may
+    # lower it, not raise or remove it (app.accounts.budgets.checked_lock).
+    budget_locked: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=False, server_default=false()
+    )

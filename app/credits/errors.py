@@ -14,6 +14,10 @@ class InsufficientCredits(APIError):
     default_message = "Insufficient credits: add credits to the account to continue."
 
 
+class GrantOutOfRange(ValueError):
+    """A grant the ledger cannot hold: not positive, finer than its precision, or too large."""
+
+
 class IdempotencyConflict(ValueError):
     """An idempotency key was reused for a different operation."""
 

@@ -47,7 +47,12 @@ from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
 from app.budgets import MONTH, calendar_start, window_parameters
 from app.credits import statements
-from app.credits.errors import AlreadyRecorded, HoldVoided, IdempotencyConflict
+from app.credits.errors import (
+    AlreadyRecorded,
+    GrantOutOfRange,
+    HoldVoided,
+    IdempotencyConflict,
+)
 from app.credits.models import (
     CHARGE,
     EXPIRED,
@@ -71,6 +76,7 @@ from app.database import (
     write_transaction,
 )
 from app.extensions import db
+from app.money import MAX_MONEY, MONEY_QUANTUM, exact_money
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +164,11 @@ def grant_credits(
     ``granted by EMAIL: description``. :raise IdempotencyConflict: the key was used for
     a different amount.
     """
-    if amount <= 0:
-        raise ValueError("a grant must be a positive amount")
+    if amount <= 0 or amount > MAX_MONEY or not exact_money(amount):
+        raise GrantOutOfRange(
+            f"a grant must be a positive amount of whole {MONEY_QUANTUM} USD, "
+            f"at most {MAX_MONEY}: {amount}"
+        )
     if granted_by:
         description = f"granted by {granted_by}" + (f": {description}" if description else "")
         description = description[:255]
@@ -173,9 +182,16 @@ def grant_credits(
         description=description,
     )
     db.session.add(entry)
-    db.session.execute(
-        update(Account).where(Account.id == account_id).values(balance=Account.balance + amount)
+    # On SQLite an integer sum past 64 bits turns to a float: refuse it before it is written.
+    room = Account.balance <= MAX_MONEY - amount
+    granted = db.session.execute(
+        update(Account)
+        .where(Account.id == account_id, room)
+        .values(balance=Account.balance + amount)
     )
+    if granted.rowcount != 1:
+        db.session.rollback()
+        raise GrantOutOfRange(f"the balance would pass the most the ledger holds: {MAX_MONEY} USD")
     try:
         db.session.commit()
     except IntegrityError:

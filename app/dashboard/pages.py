@@ -57,7 +57,7 @@ class Cursor:
     def parse(cls, text: str | None) -> Cursor | None:
         """Return the cursor ``text`` renders, or None if it renders none."""
         micros, _, row_id = (text or "").partition("_")
-        if not micros.isdigit() or not row_id or len(micros) > 18:
+        if not (micros.isascii() and micros.isdigit()) or not row_id or len(micros) > 18:
             return None
         return cls(_EPOCH + int(micros) * _MICROSECOND, row_id)
 

@@ -362,9 +362,9 @@ def edit_key(key_id: int) -> BaseResponse | tuple[str, int]:
                 key.id,
                 permitted_models=form.permitted_models.models,
                 monthly_limit=form.monthly_limit.amount,
+                window=form.limit_window.data,
                 actor=current_user.person_id,
             )
-            _set_limit_window(key.id, form)
         except InvalidKeyLimits as error:
             form.permitted_models.errors.append(str(error))
         else:

@@ -48,6 +48,8 @@ MIN_THINKING_BUDGET = 1024
 MAX_OUTPUT_TOKENS = 1_000_000
 MAX_TOOLS = 512
 MAX_STOP_SEQUENCES = 64
+# What each type of document source is read from.
+DOCUMENT_NEEDS = {"text": "data", "content": "content", "base64": "data", "url": "url"}
 
 
 class ImageSource(ObjectSchema):
@@ -67,16 +69,6 @@ class ImageSource(ObjectSchema):
                 raise ValidationError(f"is required when type is {data['type']}.", name)
 
 
-class DocumentSource(ObjectSchema):
-    """A document's source: plain text, content blocks, a base64 PDF or a URL."""
-
-    type = StringField(
-        required=True, validate=OneOf(("text", "content", "base64", "url"), error=ONE_OF)
-    )
-    data = StringField()
-    content = OptionalField()
-
-
 class TextBlock(ObjectSchema):
     """A ``text`` block (its ``cache_control`` and ``citations`` are not used here)."""
 
@@ -89,14 +81,6 @@ class ImageBlock(ObjectSchema):
 
     type = StringField(required=True)
     source = NestedField(ImageSource, required=True)
-
-
-class DocumentBlock(ObjectSchema):
-    """A ``document`` block."""
-
-    type = StringField(required=True)
-    source = NestedField(DocumentSource, required=True)
-    title = StringField()
 
 
 class ToolUseBlock(ObjectSchema):
@@ -121,7 +105,7 @@ class BlocksField(OptionalField):
         super().__init__(**kwargs)
         self.kinds = kinds
         self.only = only
-        blocks = "text blocks" if only else "content blocks"
+        blocks = f"{' or '.join(kinds or ())} blocks" if only else "content blocks"
         self.error_messages["invalid"] = f"must be a string or an array of {blocks}."
 
     @functools.cached_property
@@ -144,6 +128,32 @@ class BlocksField(OptionalField):
                 if block["type"] not in schemas:
                     raise ValidationError({index: {"type": [f"must be {' or '.join(schemas)}."]}})
         return blocks
+
+
+class DocumentSource(ObjectSchema):
+    """A document's source: plain text, content blocks, a base64 PDF or a URL."""
+
+    type = StringField(required=True, validate=OneOf(tuple(DOCUMENT_NEEDS), error=ONE_OF))
+    media_type = StringField()
+    data = StringField()
+    url = StringField()
+    # Anthropic's content source holds text and image blocks only.
+    content = BlocksField(("text", "image"), only=True)
+
+    @validates_schema
+    def check_source(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """Require what the source's type needs."""
+        needed = DOCUMENT_NEEDS[data["type"]]
+        if needed not in data:
+            raise ValidationError(f"is required when type is {data['type']}.", needed)
+
+
+class DocumentBlock(ObjectSchema):
+    """A ``document`` block."""
+
+    type = StringField(required=True)
+    source = NestedField(DocumentSource, required=True)
+    title = StringField()
 
 
 class ToolResultBlock(ObjectSchema):

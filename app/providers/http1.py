@@ -271,9 +271,10 @@ def parse_head(head: bytes) -> tuple[bool, int, dict[str, str]]:
         raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
     version, _, rest = lines[0].rstrip("\r").partition(" ")
     status = rest.partition(" ")[0]
-    if version not in ("HTTP/1.1", "HTTP/1.0") or not (status.isdigit() and len(status) == 3):
+    if version not in ("HTTP/1.1", "HTTP/1.0") or len(status) != 3:
         raise http.client.BadStatusLine(lines[0])
-    if status[0] == "0":
+    # Latin-1 has digits (², ³) that str.isdigit takes and int() refuses.
+    if not (status.isascii() and status.isdigit()) or status[0] == "0":
         raise http.client.BadStatusLine(lines[0])
     return version == "HTTP/1.1", int(status), header_fields(lines[1:])
 
@@ -429,7 +430,7 @@ def body_length(value: str) -> int:
     """Return a Content-Length's length (repeated, all the same); HTTPException if it has none."""
     lengths = {length.strip() for length in value.split(",")}
     length = lengths.pop()
-    if lengths or not length.isdigit():
+    if lengths or not (length.isascii() and length.isdigit()):
         raise http.client.HTTPException(f"invalid Content-Length: {value!r}")
     return int(length)
 

@@ -160,7 +160,7 @@ def _resolve_pointer(root: Any, ref: Any) -> dict[str, Any]:
     node = root
     for token in filter(None, ref[1:].split("/")):
         key = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+        if isinstance(node, list) and key.isascii() and key.isdigit() and int(key) < len(node):
             node = node[int(key)]
         else:
             node = node.get(key) if isinstance(node, dict) else None

@@ -152,7 +152,8 @@ def page_size(value: str | None) -> int:
     """Read ``limit``: 1 to 100, 20 when absent."""
     if value is None:
         return DEFAULT_PAGE
-    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
+    # str.isdigit takes any script's digits (and ², which int() refuses).
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PAGE:
         raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}.", param="limit")
     return int(value)
 

@@ -216,3 +216,342 @@ def test_any_body_over_gunicorn_gets_an_answer_or_an_error_in_the_envelope(
     assert_answer_is_sound(
         response.status_code, response.headers.get("Content-Type", ""), response.content
     )
+
+
+# Every door's body, valid, then one value at any depth given another JSON type.
+
+JSON_TYPES = (dict, list, str, bool, int, float, type(None))
+
+
+def json_type(value: Any) -> type:
+    return type(value) if type(value) in JSON_TYPES else object
+
+
+def children(value: Any) -> list[tuple[Any, Any]]:
+    """The keys and values of an object's members, or the indexes and values of an array's items."""
+    if isinstance(value, dict):
+        return list(value.items())
+    if isinstance(value, list):
+        return list(enumerate(value))
+    return []
+
+
+def replaced(value: Any, path: tuple, new: Any) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: replaced(value[head], rest, new)}
+    return [
+        replaced(item, rest, new) if index == head else item for index, item in enumerate(value)
+    ]
+
+
+def at(value: Any, path: tuple) -> Any:
+    for step in path:
+        value = value[step]
+    return value
+
+
+@st.composite
+def retyped_somewhere(draw: st.DrawFn, bodies: st.SearchStrategy) -> Any:
+    """A valid body, as often as not with one value at any depth of another JSON type."""
+    body = draw(bodies)
+    if draw(st.booleans()):
+        return body
+    # A walk down from the top, going deeper three times in four: deep values are as
+    # likely to be picked as top-level ones, though far more numerous.
+    path: tuple = ()
+    node = body
+    while children(node) and (not path or draw(st.integers(0, 3))):
+        key, node = draw(st.sampled_from(children(node)))
+        path = (*path, key)
+    kind = json_type(at(body, path))
+    new = draw(ANY_JSON.filter(lambda value: json_type(value) is not kind))
+    hypothesis.note(f"{'.'.join(map(str, path))} = {new!r}")
+    return replaced(body, path, new)
+
+
+CACHE = st.fixed_dictionaries(
+    {"type": st.just("ephemeral")}, optional={"ttl": st.sampled_from(["5m", "1h"])}
+)
+TEXT = st.text(max_size=20)
+text_block = st.fixed_dictionaries(
+    {"type": st.just("text"), "text": TEXT}, optional={"cache_control": CACHE}
+)
+image_block = st.fixed_dictionaries(
+    {
+        "type": st.just("image"),
+        "source": st.sampled_from(
+            [
+                {"type": "url", "url": "https://example.com/a.png"},
+                {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+            ]
+        ),
+    }
+)
+document_block = st.fixed_dictionaries(
+    {
+        "type": st.just("document"),
+        "source": st.fixed_dictionaries(
+            {"type": st.just("text"), "media_type": st.just("text/plain"), "data": TEXT}
+        )
+        | st.fixed_dictionaries(
+            {
+                "type": st.just("content"),
+                "content": TEXT | st.lists(text_block | image_block, max_size=2),
+            }
+        ),
+    },
+    optional={"title": TEXT, "context": TEXT, "citations": st.just({"enabled": True})},
+)
+tool_use_block = st.fixed_dictionaries(
+    {
+        "type": st.just("tool_use"),
+        "id": st.just("toolu_01"),
+        "name": st.just("lookup"),
+        "input": st.dictionaries(st.sampled_from(["q", "n"]), TEXT | st.integers(), max_size=2),
+    }
+)
+tool_result_block = st.fixed_dictionaries(
+    {"type": st.just("tool_result"), "tool_use_id": st.just("toolu_01")},
+    optional={
+        "content": TEXT | st.lists(text_block | image_block | document_block, max_size=2),
+        "is_error": st.booleans(),
+    },
+)
+thinking_block = st.fixed_dictionaries(
+    {"type": st.just("thinking"), "thinking": TEXT, "signature": st.just("c2lnbmVk")}
+)
+search_result_block = st.fixed_dictionaries(
+    {
+        "type": st.just("search_result"),
+        "source": st.just("https://example.com"),
+        "title": TEXT,
+        "content": st.lists(text_block, max_size=2),
+    }
+)
+user_turn = st.fixed_dictionaries(
+    {
+        "role": st.just("user"),
+        "content": TEXT
+        | st.lists(
+            text_block | image_block | document_block | tool_result_block | search_result_block,
+            min_size=1,
+            max_size=3,
+        ),
+    }
+)
+assistant_turn = st.fixed_dictionaries(
+    {
+        "role": st.just("assistant"),
+        "content": TEXT
+        | st.lists(text_block | thinking_block | tool_use_block, min_size=1, max_size=3),
+    }
+)
+anthropic_tool = st.fixed_dictionaries(
+    {
+        "name": st.just("lookup"),
+        "input_schema": st.just({"type": "object", "properties": {"q": {"type": "string"}}}),
+    },
+    optional={"description": TEXT, "cache_control": CACHE},
+)
+MESSAGES_FIELDS = {
+    "system": TEXT | st.lists(text_block, max_size=2),
+    "tools": st.lists(anthropic_tool, max_size=1),
+    "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "none"}, {"type": "any"}]),
+    "thinking": st.sampled_from([{"type": "adaptive"}, {"type": "disabled"}]),
+    "output_config": st.fixed_dictionaries(
+        {}, optional={"effort": st.sampled_from(["low", "high"])}
+    ),
+    "temperature": st.floats(0, 1),
+    "top_p": st.floats(0, 1),
+    "top_k": st.integers(0, 50),
+    "stop_sequences": st.lists(st.text(min_size=1, max_size=5), max_size=2),
+    "metadata": st.fixed_dictionaries({"user_id": TEXT}),
+    "stream": st.booleans(),
+}
+messages_body = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(MODELS),
+        "max_tokens": st.integers(1, 64),
+        "messages": st.lists(user_turn | assistant_turn, min_size=1, max_size=3),
+    },
+    optional=MESSAGES_FIELDS,
+)
+
+input_text = st.fixed_dictionaries({"type": st.just("input_text"), "text": TEXT})
+input_image = st.fixed_dictionaries(
+    {"type": st.just("input_image"), "image_url": st.just("https://example.com/a.png")},
+    optional={"detail": st.sampled_from(["low", "high", "auto"])},
+)
+response_items = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "system", "developer"]),
+            "content": TEXT | st.lists(input_text | input_image, min_size=1, max_size=2),
+        },
+        optional={"type": st.just("message")},
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("message"),
+            "role": st.just("assistant"),
+            "content": st.lists(
+                st.fixed_dictionaries({"type": st.just("output_text"), "text": TEXT}),
+                min_size=1,
+                max_size=2,
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.just("call_1"),
+            "name": st.just("lookup"),
+            "arguments": st.just('{"q": "x"}'),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call_output"),
+            "call_id": st.just("call_1"),
+            "output": TEXT | st.lists(input_text | input_image, max_size=2),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("reasoning"),
+            "summary": st.lists(
+                st.fixed_dictionaries({"type": st.just("summary_text"), "text": TEXT}), max_size=2
+            ),
+        },
+        optional={"encrypted_content": TEXT},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("web_search_call"), "id": st.just("ws_1"), "status": st.just("completed")}
+    ),
+)
+function_tool = st.fixed_dictionaries(
+    {"type": st.just("function"), "name": st.just("lookup")},
+    optional={
+        "parameters": st.just({"type": "object", "properties": {"q": {"type": "string"}}}),
+        "strict": st.booleans(),
+        "description": TEXT,
+    },
+)
+RESPONSES_FIELDS = {
+    "instructions": TEXT,
+    "tools": st.lists(function_tool | st.just({"type": "web_search"}), max_size=2),
+    "tool_choice": st.sampled_from(["auto", "none", "required"]),
+    "parallel_tool_calls": st.booleans(),
+    "max_output_tokens": st.integers(16, 64),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0, 1),
+    "reasoning": st.fixed_dictionaries(
+        {}, optional={"effort": st.sampled_from(["low", "high"]), "summary": st.just("auto")}
+    ),
+    "text": st.fixed_dictionaries(
+        {},
+        optional={
+            "format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+            "verbosity": st.just("low"),
+        },
+    ),
+    "store": st.booleans(),
+    "metadata": st.dictionaries(st.sampled_from(["a", "b"]), TEXT, max_size=2),
+    "stream": st.booleans(),
+}
+responses_body = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(MODELS),
+        "input": TEXT | st.lists(response_items, min_size=1, max_size=3),
+    },
+    optional=RESPONSES_FIELDS,
+)
+
+
+def assert_anthropic_answer_is_sound(status: int, content_type: str, payload: bytes) -> None:
+    hypothesis.event(f"status {status}")
+    assert status < 500, payload[:500]
+    if status >= 400:
+        body = json.loads(payload)
+        assert set(body) == {"type", "error"} and body["type"] == "error"
+        assert set(body["error"]) == {"type", "message"} and body["error"]["message"]
+    elif content_type.startswith("text/event-stream"):
+        text = payload.decode()
+        assert "event: error" not in text and text.rstrip().endswith('{"type":"message_stop"}'), (
+            text[-300:]
+        )
+    else:
+        body = json.loads(payload)
+        assert body.get("type") == "message" or set(body) == {"input_tokens"}, body
+
+
+def assert_responses_answer_is_sound(status: int, content_type: str, payload: bytes) -> None:
+    hypothesis.event(f"status {status}")
+    assert status < 500, payload[:500]
+    if status >= 400:
+        error = json.loads(payload)["error"]
+        assert set(error) == {"message", "type", "code", "param"} and error["message"]
+    elif content_type.startswith("text/event-stream"):
+        text = payload.decode()
+        last = text.rstrip().rsplit("\n\n", 1)[-1]
+        assert "event: error" not in text, text
+        assert last.split("\n")[0] in ("event: response.completed", "event: response.incomplete")
+    else:
+        assert json.loads(payload)["object"] == "response"
+
+
+# As many examples as the profile says (150 by default: a few seconds a door in-process).
+FUZZ_SETTINGS = settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@FUZZ_SETTINGS
+@given(body=retyped_somewhere(contract_body))
+def test_a_chat_body_with_a_value_of_another_type_at_any_depth_gets_the_envelope(
+    client, fuzz_key, body
+):
+    response = client.post(
+        "/v1/chat/completions",
+        data=encode(body),
+        headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
+    )
+    assert_answer_is_sound(response.status_code, response.content_type, response.get_data())
+
+
+@FUZZ_SETTINGS
+@given(body=retyped_somewhere(messages_body), count=st.booleans())
+def test_a_messages_body_with_a_value_of_another_type_at_any_depth_gets_anthropics_envelope(
+    client, fuzz_key, body, count
+):
+    path = "/v1/messages/count_tokens" if count else "/v1/messages"
+    response = client.post(
+        path,
+        data=encode(body),
+        headers={
+            "x-api-key": fuzz_key,
+            "anthropic-version": "2023-06-01",
+            "Content-Type": "application/json",
+        },
+    )
+    assert_anthropic_answer_is_sound(
+        response.status_code, response.content_type, response.get_data()
+    )
+
+
+@FUZZ_SETTINGS
+@given(body=retyped_somewhere(responses_body))
+def test_a_responses_body_with_a_value_of_another_type_at_any_depth_gets_the_envelope(
+    client, fuzz_key, body
+):
+    response = client.post(
+        "/v1/responses",
+        data=encode(body),
+        headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
+    )
+    assert_responses_answer_is_sound(
+        response.status_code, response.content_type, response.get_data()
+    )

@@ -134,3 +134,27 @@ def test_the_document_covers_the_public_api():
     )
     assert ERROR_STATUSES <= set(responses["responses"])
     assert schemas["ResponseUsage"]["properties"]["cost"] == {"$ref": "#/components/schemas/Cost"}
+
+
+def test_the_messages_and_responses_bodies_are_documented_in_their_shapes():
+    schemas = json.loads(DOCUMENT.read_text())["components"]["schemas"]
+
+    def branches(name: str) -> set[str]:
+        return {branch["$ref"].rsplit("/", 1)[1] for branch in schemas[name]["anyOf"]}
+
+    assert {
+        "TextBlockParam", "ImageBlockParam", "DocumentBlockParam", "ToolUseBlockParam",
+        "ToolResultBlockParam", "ThinkingBlockParam", "RedactedThinkingBlockParam",
+        "OtherBlockParam",
+    } == branches("ContentBlockParam")  # fmt: skip
+    sources = [
+        branch["properties"]["type"]["const"] for branch in schemas["DocumentSource"]["anyOf"]
+    ]
+    assert sources == ["text", "content", "base64", "url"]
+    assert {
+        "ResponseMessageItem", "ResponseFunctionCallItem", "ResponseFunctionCallOutputItem",
+        "ResponseReasoningItem", "ResponseItemReference", "ResponseOtherItem",
+    } == branches("ResponseInputItem")  # fmt: skip
+    assert {"ResponseInputText", "ResponseInputImage", "ResponseRefusal"} == branches(
+        "ResponseContentPart"
+    )
