@@ -4,12 +4,14 @@ bench/instructions.py --postgresql counts a whole request's work in PostgreSQL's
 backends; this splits it between the request's two statements, to see which of them a
 change to the ledger's statements moved. On a private server under callgrind
 (bench/counted_postgres.py), an account with a key (``--budget``: a key with a budget
-of its own, which its holds reserve on) places ``--holds`` holds through the ledger
+of its own, which its holds reserve on; ``--budgets``: a key and its member with budgets
+of their own and the account with a balance alert set, none of them reached) places
+``--holds`` holds through the ledger
 (app.credits.ledger.place_hold), then settles each with its generation's record and
 rollup (settle_hold), as a chat completion does; the backends' instructions of each
 phase are divided by the holds. A warm-up of 30 of each comes first.
 
-    .venv/bin/python bench/ledger_statements.py [--holds 40] [--budget]
+    .venv/bin/python bench/ledger_statements.py [--holds 40] [--budget | --budgets]
 """
 
 from __future__ import annotations
@@ -35,19 +37,29 @@ def main(argv: list[str] | None = None) -> None:
     """Count the backends' instructions per hold and per settlement; print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--holds", type=int, default=40, help="holds counted, then settled")
-    parser.add_argument("--budget", action="store_true", help="the key has a budget")
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument("--budget", action="store_true", help="the key has a budget")
+    shapes.add_argument(
+        "--budgets",
+        action="store_true",
+        help="the key and its member have budgets, the account a balance alert",
+    )
     args = parser.parse_args(argv)
     with counted_postgres(free_port()) as (url, counts):
         app = migrated_app(url)
         with app.app_context():
-            ledger = Ledger(args.budget)
+            ledger = Ledger(args.budget or args.budgets, args.budgets)
             ledger.settle(ledger.hold(WARM_UP))
             marks = Marks(url, Path(counts))
             held: list[Any] = []
             holding = marks.counted(lambda: held.extend(ledger.hold(args.holds)))
             settling = marks.counted(lambda: ledger.settle(held))
             ledger.close()
-    kind = "a key with a budget" if args.budget else "a key and member without budgets"
+    kind = "a key and member without budgets"
+    if args.budget:
+        kind = "a key with a budget"
+    if args.budgets:
+        kind = "a key and member with budgets, a balance alert"
     print(f"PostgreSQL's backends, {args.holds} holds with {kind}, instructions each:")
     print(f"hold        {holding.backends / args.holds / 1e3:8.1f}k")
     print(f"settlement  {settling.backends / args.holds / 1e3:8.1f}k")
@@ -73,17 +85,25 @@ def migrated_app(url: str) -> Any:
 class Ledger:
     """An account with a key, whose holds are placed and settled through the ledger."""
 
-    def __init__(self, budget: bool) -> None:
-        from app.accounts.budgets import set_key_budget
+    def __init__(self, key_budget: bool, member_budget_and_alert: bool = False) -> None:
+        from app.accounts.budgets import set_key_budget, set_member_budget
         from app.accounts.keys import create_key
+        from app.alerts.endpoints import set_balance_threshold
+        from app.auth.models import ApiKey
         from app.extensions import db
         from tests.factories import AccountFactory
 
         account = AccountFactory.create(credits=Decimal(1000))
         self.account_id = account.id
-        self.key_id = create_key(account_id=account.id, name="counted").id
-        if budget:
+        key = create_key(account_id=account.id, name="counted")
+        self.key_id = key.id
+        if key_budget:
             set_key_budget(self.key_id, amount=Decimal(500), window="day")
+        if member_budget_and_alert:
+            # Set, never reached: the alerts' conditions are checked, no event is written.
+            member_id = db.session.get(ApiKey, self.key_id).member_id
+            set_member_budget(member_id, amount=Decimal(800), window="month")
+            set_balance_threshold(self.account_id, Decimal(10))
         db.session.commit()
         self.placed = 0
 

@@ -5,21 +5,22 @@ The invariants: an account's ``balance`` equals the sum of its ledger entries; i
 zero. Every change to a balance is a conditional UPDATE plus a ledger INSERT committed
 together, so concurrent requests cannot overspend and no charge is lost or doubled.
 
-A key or member with a budget is held to it the same way as an account to its balance:
-a hold is also reserved on its row, conditional on the window's spend plus what its
-open holds reserve staying within the budget, and settlement moves that reservation to
-the spend of the budget window the hold was placed in (app.budgets). A key or member
-without a budget is only read by a hold (the key as its caller presented it): a
-reservation there would protect nothing, and writing the row on every hold doubled its
-writes. The settlement counts every charge in the row's window all the same, so that
-``window_spent`` is exact whether the row has a budget or not, and a budget set later
-starts from the window's true spend. Each hold notes whether it reserved on its key
-and on its member, and whatever ends it (settlement, expiry) releases exactly that, so
-that ``window_reserved`` is the sum of the open holds that reserved on the row; a
-budget put on a row in use takes over its running requests' holds from that moment
-(app.accounts.budgets says how budgets set or removed meanwhile are counted). Rows are
-taken account first, then key, then member, so that two transactions never wait on
-each other's.
+A key or member with a budget is held to it the same way as an account to its balance: a
+hold is also reserved on its row, conditional on the window's spend plus what its open
+holds reserve staying within the budget, and settlement moves that reservation to the
+spend of the budget window the hold was placed in (app.budgets). A key or member without
+a budget is never written by a hold (the key as its caller presented it): a reservation
+there would protect nothing, and writing the row on every hold doubled its writes; on
+PostgreSQL a hold that reserves on one of the two rows locks both (one read each,
+statements.hold_in_one_statement). The settlement counts every charge in the row's
+window all the same, so that ``window_spent`` is exact whether the row has a budget or
+not, and a budget set later starts from the window's true spend. Each hold notes whether
+it reserved on its key and on its member, and whatever ends it (settlement, expiry)
+releases exactly that, so that ``window_reserved`` is the sum of the open holds that
+reserved on the row; a budget put on a row in use takes over its running requests' holds
+from that moment (app.accounts.budgets says how budgets set or removed meanwhile are
+counted). Rows are taken account first, then key, then member, so that two transactions
+never wait on each other's.
 
 Each write is offered to the database in two shapes built from the same guards
 (``app.credits.statements``): its steps, run in one transaction, and, where it can be,

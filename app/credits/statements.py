@@ -426,14 +426,19 @@ def hold_in_one_statement(
 ) -> Select:
     """Build PostgreSQL's hold: the account's, key's and member's reservations, the hold's row.
 
-    The guards are checked on the rows locked first (SELECT ... FOR UPDATE, the
+    The guards are checked on the rows locked first (SELECT ... FOR NO KEY UPDATE, the
     account's, then the key's, then its member's, as in the separate statements), which
     yields their latest versions; the UPDATEs and the INSERT then apply only if every
     lock matched, and check nothing more of rows that nobody else can change meanwhile.
     So the statement applies all of its steps or none, and needs no transaction around
-    it. A key or member that is not reserved on (reserves_on) is read as the statement's
-    snapshot has it, and neither locked nor written. It commits without waiting for the
-    disk (COMMIT_WITHOUT_WAITING), which costs
+    it. Each row is read once, as it is locked: the windows it counts the hold in and
+    the spend they start from are worked out there, and its UPDATE and the hold's row
+    take them from the lock (_KeyAndMemberLocked). The key's and member's rows are
+    locked whether or not they are reserved on (a key whose holds reserve on neither
+    takes hold_without_reservations); only those reserved on are written. The locks
+    are the weakest an UPDATE takes (NO KEY), so that a foreign key's check of the same
+    row by another request's settlement does not wait for them. It commits without
+    waiting for the disk (COMMIT_WITHOUT_WAITING), which costs
     PostgreSQL a sync and the request its wait (about 0.25 ms here). A server crash can
     then lose only holds: a settlement is on disk when it returns (execute_durably), and
     the WAL up to it with it, holds included; a settlement whose hold was lost charges
@@ -442,33 +447,34 @@ def hold_in_one_statement(
     whether it reserved on each.
     """
     covering = (
-        select(accounts.c.id).where(with_holder_id(ACCOUNT_ROW), covers).with_for_update()
+        select(accounts.c.id)
+        .where(with_holder_id(ACCOUNT_ROW), covers)
+        .with_for_update(key_share=True)
     ).cte("covering_account")
-    # What the hold passed so far: the account, then the key, then its member.
-    passed = [covering]
-    if within_limit is not None:
+    holder_id = bindparam("holder_id", type_=Integer())
+    if within_limit is None:
+        passed = [covering]
+        reserved = update(accounts).where(
+            with_holder_id(ACCOUNT_ROW), exists(select(covering.c.id))
+        )
+        steps = [reserved.values(RESERVE_ON_ACCOUNT).cte("reserved")]
+        notes: list[Any] = [null(), null(), false(), false()]
+        source = covering
+    else:
         member_within = member_within if member_within is not None else MEMBER_WITHIN_BUDGET
-        checks = _key_and_member_checks(covering, within_limit, member_within)
-        passed += [checks.key_passed, checks.passed]
-    gate = exists(select(passed[-1].c.id))
-    # The steps nothing refers to return nothing: PostgreSQL runs them all the same.
-    steps = [
-        update(accounts)
-        .where(with_holder_id(ACCOUNT_ROW), gate)
-        .values(RESERVE_ON_ACCOUNT)
-        .cte("reserved")
-    ]
-    notes: list[Any] = [null(), null(), false(), false()]
-    if within_limit is not None:
-        on_rows = _reservations_in_one_statement(checks, gate)
-        steps += on_rows
-        notes = _notes_of_hold(checks.passed, *on_rows)
-    steps.append(_insert_hold(notes, gate))
+        locked = _KeyAndMemberLocked.of(covering, within_limit, member_within)
+        passed = [covering, locked.key, locked.member]
+        # Each row through the step before: nothing is written unless every lock matched.
+        holder = select(holder_id).select_from(locked.member).scalar_subquery()
+        reserved = update(accounts).where(accounts.c.id == holder)
+        steps = [reserved.values(RESERVE_ON_ACCOUNT).cte("reserved")]
+        steps += locked.reservations()
+        notes = locked.notes()
+        source = locked.member
+    steps.append(_insert_hold(notes, source))
     counted = [_row_count(check) for check in passed]
     if within_limit is not None:
-        # Whether the hold reserved on its key or its member (None: not placed).
-        reserving = checks.passed.c.key_reserves | checks.passed.c.member_reserves
-        counted.append(select(reserving).scalar_subquery())
+        counted.append(locked.reserving())
     return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(*steps)
 
 
@@ -485,117 +491,117 @@ def hold_without_reservations(covers: ColumnElement[bool]) -> Select:
     hold was placed, and whether the key and member let it be: if not (the key is not
     as presented, or a row is reserved on), hold_in_one_statement says why, or holds.
     """
-    presented = KEY_AND_MEMBER_TO_HOLD.cte("key_as_presented")
-    passed = (select(presented).where(~presented.c.key_reserves, ~presented.c.member_reserves)).cte(
-        "nothing_to_reserve"
-    )
-    holder_id = bindparam("holder_id", type_=Integer())
-    holder = select(holder_id).select_from(passed).scalar_subquery()
+    # One read: the key as presented, and neither its row nor its member's reserved on.
+    passed = (
+        select(
+            bindparam("holder_id", type_=Integer()).label("holder_id"),
+            window_start_now(keys).label("key_window"),
+            window_start_now(memberships).label("member_window"),
+        )
+        .join_from(keys, memberships, memberships.c.id == keys.c.member_id)
+        .where(KEY_ROW, KEY_AS_PRESENTED, ~reserves_on(keys), ~reserves_on(memberships))
+    ).cte("nothing_to_reserve")
+    # The account's row through the read that passed, which its RETURNING passes on.
     reserved = (
         update(accounts)
-        .where(accounts.c.id == holder, covers)
+        .where(accounts.c.id == passed.c.holder_id, covers)
         .values(RESERVE_ON_ACCOUNT)
-        .returning(accounts.c.id)
+        .returning(passed.c.key_window, passed.c.member_window)
         .cte("reserved")
     )
-    notes = [
-        select(passed.c.key_window).scalar_subquery(),
-        select(passed.c.member_window).scalar_subquery(),
-        false(),
-        false(),
-    ]
-    placed = _insert_hold(notes, exists(select(reserved.c.id)))
+    notes = [reserved.c.key_window, reserved.c.member_window, false(), false()]
+    placed = _insert_hold(notes, reserved)
     counted = [_row_count(reserved), _row_count(passed)]
     return select(*counted, COMMIT_WITHOUT_WAITING).add_cte(placed)
 
 
+def _scalar(column: Any) -> ScalarSelect:
+    return select(column).scalar_subquery()
+
+
 @dataclass(frozen=True)
-class _KeyAndMemberChecks:
-    """The CTEs of a hold's key and member: each row's lock, and what passed so far."""
+class _KeyAndMemberLocked:
+    """The CTEs that lock a hold's key and its member, each held to its guard.
 
-    key_locked: CTE
-    key_passed: CTE
-    member_locked: CTE
-    passed: CTE
-
-
-def _key_and_member_checks(
-    covering: CTE, within_limit: ColumnElement[bool], member_within: ColumnElement[bool]
-) -> _KeyAndMemberChecks:
-    """Return the CTEs of a hold's key and member: the key locked, passed, the member's same.
-
-    Each row that is reserved on is locked and held to its guard; the others pass as
-    read. The member is taken after the key (its lock waits for the key's check).
-    """
-    presented = KEY_AND_MEMBER_TO_HOLD.where(exists(select(covering.c.id))).cte("key_as_presented")
-    key_locked = (
-        select(keys.c.id)
-        .where(
-            keys.c.id == select(presented.c.id).where(presented.c.key_reserves).scalar_subquery(),
-            KEY_AS_PRESENTED,
-            within_limit,
-        )
-        .with_for_update()
-    ).cte("key_within_limit")
-    key_passed = (
-        select(presented).where(or_(~presented.c.key_reserves, exists(select(key_locked.c.id))))
-    ).cte("key_passed")
-    member_locked = (
-        select(memberships.c.id)
-        .where(
-            memberships.c.id
-            == select(key_passed.c.member_id).where(key_passed.c.member_reserves).scalar_subquery(),
-            member_within,
-        )
-        .with_for_update()
-    ).cte("member_within_budget")
-    passed = (
-        select(key_passed).where(
-            or_(~key_passed.c.member_reserves, exists(select(member_locked.c.id)))
-        )
-    ).cte("member_passed")
-    return _KeyAndMemberChecks(key_locked, key_passed, member_locked, passed)
-
-
-def _reservations_in_one_statement(checks: _KeyAndMemberChecks, gate: Any) -> list[CTE]:
-    """Return the hold's UPDATEs of its key's and member's rows, of those it locked alone."""
-    on_key = (
-        update(keys)
-        .where(keys.c.id == select(checks.key_locked.c.id).scalar_subquery(), gate)
-        .values(RESERVE_ON_KEY)
-        .returning(keys.c.window_start)
-        .cte("reserved_on_key")
-    )
-    on_member = (
-        update(memberships)
-        .where(memberships.c.id == select(checks.member_locked.c.id).scalar_subquery(), gate)
-        .values(RESERVE_ON_MEMBER)
-        .returning(memberships.c.window_start)
-        .cte("reserved_on_member")
-    )
-    return [on_key, on_member]
-
-
-def _notes_of_hold(passed: CTE, on_key: CTE, on_member: CTE) -> list[Any]:
-    """Return what the hold's row notes: its key's and member's windows, what it reserved on.
-
-    A window is as the row says once reserved on, else as it was read.
+    Each returns, of its row as locked: whether the hold reserves on it (reserves_on),
+    the start of the window it counts the hold in, and what the row spent in that
+    window, with which the row's UPDATE starts a new window (reserve_in_window).
     """
 
-    def scalar(column: Any) -> ScalarSelect:
-        return select(column).scalar_subquery()
+    key: CTE
+    member: CTE
 
+    @classmethod
+    def of(
+        cls, covering: CTE, within_limit: ColumnElement[bool], member_within: ColumnElement[bool]
+    ) -> _KeyAndMemberLocked:
+        """Lock the key as presented, within ``within_limit``, then its member, ``member_within``.
+
+        The key is taken only once the account covered the hold, the member only once the
+        key passed (its lock waits for the key's check).
+        """
+        key = (
+            select(
+                keys.c.id,
+                keys.c.member_id,
+                *_window_of_hold(keys, "key"),
+            )
+            .where(KEY_ROW, KEY_AS_PRESENTED, within_limit, exists(select(covering.c.id)))
+            .with_for_update(key_share=True)
+        ).cte("key_locked")
+        member = (
+            select(memberships.c.id, *_window_of_hold(memberships, "member"))
+            .where(memberships.c.id == _scalar(key.c.member_id), member_within)
+            .with_for_update(key_share=True)
+        ).cte("member_locked")
+        return cls(key, member)
+
+    def reservations(self) -> list[CTE]:
+        """Return the UPDATEs of the key's and the member's rows, of those reserved on alone."""
+        steps = []
+        for rows, locked, name in ((keys, self.key, "key"), (memberships, self.member, "member")):
+            reserved_here = select(locked.c.id).where(locked.c[f"{name}_reserves"])
+            if locked is self.key:
+                # Through the member's lock: nothing is written unless it matched too.
+                reserved_here = reserved_here.where(exists(select(self.member.c.id)))
+            changes = {
+                rows.c.window_spent: _scalar(locked.c[f"{name}_spent"]),
+                rows.c.window_start: _scalar(locked.c[f"{name}_window"]),
+                rows.c.window_reserved: rows.c.window_reserved + amount,
+            }
+            reserving = update(rows).where(rows.c.id == reserved_here.scalar_subquery())
+            steps.append(reserving.values(changes).cte(f"reserved_on_{name}"))
+        return steps
+
+    def reserving(self) -> ColumnElement[bool]:
+        """Return whether the hold reserves on its key or its member (None: not placed)."""
+        return or_(_scalar(self.key.c.key_reserves), _scalar(self.member.c.member_reserves))
+
+    def notes(self) -> list[Any]:
+        """Return what the hold's row notes: its key's and member's windows, what it reserved on."""
+        return [
+            _scalar(self.key.c.key_window),
+            self.member.c.member_window,
+            _scalar(self.key.c.key_reserves),
+            self.member.c.member_reserves,
+        ]
+
+
+def _window_of_hold(rows: TableClause, name: str) -> list[Any]:
+    """Return what a hold reads of ``rows``' row as it locks it, labelled ``name``_...."""
     return [
-        func.coalesce(scalar(on_key.c.window_start), scalar(passed.c.key_window)),
-        func.coalesce(scalar(on_member.c.window_start), scalar(passed.c.member_window)),
-        scalar(passed.c.key_reserves),
-        scalar(passed.c.member_reserves),
+        reserves_on(rows).label(f"{name}_reserves"),
+        window_start_now(rows).label(f"{name}_window"),
+        spent_in_window(rows).label(f"{name}_spent"),
     ]
 
 
-def _insert_hold(notes: list[Any], gate: Any) -> CTE:
-    """Return the INSERT of the hold's row, applied only through ``gate``."""
-    hold_row = select(*_hold_values(), *notes).where(gate)
+def _insert_hold(notes: list[Any], source: CTE) -> CTE:
+    """Return the INSERT of the hold's row, written from ``source``'s row: none, if it has none.
+
+    A scan of the step before sets up less than a condition on it.
+    """
+    hold_row = select(*_hold_values(), *notes).select_from(source)
     return insert(holds).from_select(_HOLD_COLUMNS, hold_row).cte("inserted_hold")
 
 
@@ -664,7 +670,6 @@ def settlement_in_one_statement(
         holds.c.reserved_on_key,
         holds.c.reserved_on_member,
     ).cte("closed_hold")
-    gate = exists(select(closed.c.id))
 
     def closed_notes(column: Any) -> ScalarSelect:
         return select(column).scalar_subquery()
@@ -707,21 +712,25 @@ def settlement_in_one_statement(
             -charge,
             bindparam("generation_id", type_=String()),
             used_at,
-        ).where(gate)
+        ).select_from(closed)
         steps.append(
             insert(entries)
             .from_select(["account_id", "kind", "amount", "generation_id", "created_at"], entry_row)
             .cte("charge_entry")
         )
     if record is not None:
-        steps.append(_record_step(*record, gate))
+        steps.append(_record_step(*record, closed))
     if with_rollup:
-        steps.append(_rollup_step(gate, record[0].table if record is not None else None))
+        steps.append(_rollup_step(closed, record[0].table if record is not None else None))
     return select(_row_count(closed), COMMIT_AS_CHOSEN).add_cte(*steps)
 
 
-def _rollup_step(gate: Any, record_table: Any) -> CTE:
-    """Return ROLL_UP as a step of PostgreSQL's one statement, applied only through ``gate``.
+def _rollup_step(closed: CTE, record_table: Any) -> CTE:
+    """Return ROLL_UP as a step of PostgreSQL's one statement, written from ``closed``'s row.
+
+    ``closed`` is the hold's row as the settlement closed it: none, and nothing is
+    written, if the hold was not open (as for every INSERT of the settlement: a scan of
+    the closed row sets up less than a condition on it).
 
     With a record (into ``record_table``, the generation's row), the record's values
     are the rollup's too (a keyless record's under NO_KEY): they are sent once, as the
@@ -734,7 +743,7 @@ def _rollup_step(gate: Any, record_table: Any) -> CTE:
             values[name] if values else bindparam(ROLLUP_PREFIX + name, type_=rollups.c[name].type)
             for name in names
         )
-    ).where(gate)
+    ).select_from(closed)
     upsert = postgresql.insert(rollups).from_select(list(names), row)
     upsert = upsert.on_conflict_do_update(
         index_elements=list(ROLLUP_KEY),
@@ -765,9 +774,9 @@ def _rolled_up_record(record_table: Any) -> dict[str, Any]:
 RECORD_PREFIX = "record_"
 
 
-def _record_step(statement: Insert, names: tuple[str, ...], gate: Any) -> CTE:
-    """Return a record's INSERT as a step applied only through ``gate``."""
+def _record_step(statement: Insert, names: tuple[str, ...], closed: CTE) -> CTE:
+    """Return a record's INSERT as a step written from ``closed``'s row (_rollup_step)."""
     row = select(
         *(bindparam(RECORD_PREFIX + name, type_=statement.table.c[name].type) for name in names)
-    ).where(gate)
+    ).select_from(closed)
     return statement.from_select(list(names), row).cte("record")
