@@ -16,9 +16,11 @@ from app.accounts import members
 from app.accounts.budgets import set_member_budget
 from app.accounts.changes import recent_changes
 from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
+from app.accounts.invites import pending_invites
 from app.accounts.models import ADMIN, OWNER
 from app.accounts.organisations import memberships_of
 from app.budgets import budget_state
+from app.dashboard.addresses import public_link
 from app.dashboard.forms import BudgetForm, InviteForm, OrganisationForm, RoleForm
 from app.dashboard.security import role_required
 from app.dashboard.session import switch_organisation
@@ -42,6 +44,7 @@ def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
         budgets={row.membership.id: budget_state(row.membership, utcnow()) for row in rows},
         link=link,
         may_make_owners=current_user.role == OWNER,
+        invites=pending_invites(current_user.account_id),
     )
     return page, status
 
@@ -70,7 +73,7 @@ def invite_member() -> tuple[str, int] | BaseResponse:
     except AlreadyMember as error:
         form.email.errors.append(str(error))
         return _members_page(form, 400)
-    link = url_for("dashboard.accept_invite_page", token=token, _external=True)
+    link = public_link("dashboard.accept_invite_page", token=token)
     if mail_configured() and _mailed(email, link):
         flash(f"Sent an invite to {email}.", "success")
         return redirect(url_for(".list_members"))
@@ -82,7 +85,8 @@ def _mailed(email: str, link: str) -> bool:
     organisation = current_user.organisation_name
     body = (
         f"{current_user.email} invites you to {organisation}.\n\n"
-        f"Open this link within 24 hours to join; it works once:\n{link}\n"
+        f"Open this link within 24 hours, and sign in (or sign up) as {email} to join; "
+        f"it works once:\n{link}\n"
     )
     try:
         send_mail(email, f"Join {organisation}", body)
@@ -91,6 +95,20 @@ def _mailed(email: str, link: str) -> bool:
         flash("The invite could not be e-mailed: give the link below yourself.", "error")
         return False
     return True
+
+
+@bp.post("/members/invites/<int:invite_id>/revoke")
+@role_required(ADMIN)
+def revoke_invite(invite_id: int) -> BaseResponse:
+    """Revoke a pending invite: its link stops working at once."""
+    try:
+        invite = members.revoke_invite(current_user.account_id, _actor(), invite_id)
+    except MemberNotFound:
+        abort(404)
+    except NotAllowed:
+        abort(403)
+    flash(f"Revoked the invite of {invite.email}.", "success")
+    return redirect(url_for(".list_members"))
 
 
 @bp.post("/members/<int:member_id>/role")

@@ -9,8 +9,7 @@ from typing import ParamSpec, TypeVar
 from flask import abort, current_app, redirect, request, url_for
 from flask_login import current_user, login_required
 
-from app.accounts.members import has_role
-from app.accounts.models import MEMBER
+from app.accounts.models import MEMBER, has_role
 from app.accounts.passwords import normalize_email
 
 P = ParamSpec("P")
@@ -69,3 +68,11 @@ def sign_in_limit_per_email() -> str:
 def sign_in_limit_per_address() -> str:
     """Return the app's limit of sign-in attempts per client address."""
     return current_app.config["SIGN_IN_LIMIT_PER_ADDRESS"]
+
+
+# Sign-in, sign-up and asking for a password link are counted alike, each form apart:
+# per email and per client address.
+ATTEMPT_LIMITS = (
+    (sign_in_limit_per_address, sign_in_address),
+    (sign_in_limit_per_email, sign_in_email),
+)
