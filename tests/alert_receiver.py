@@ -33,6 +33,7 @@ class Receiver:
     events: list[dict] = field(default_factory=list)
     bad_signatures: int = 0
     posts: int = 0
+    authorizations: list[str | None] = field(default_factory=list)
 
 
 @contextmanager
@@ -46,6 +47,7 @@ def webhook_receiver(answers: list[int] | None = None) -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             with lock:
                 receiver.posts += 1
+                receiver.authorizations.append(self.headers.get("Authorization"))
                 status = receiver.answers.pop(0) if receiver.answers else 200
                 if verify(receiver.secret, self.headers["Gateway-Signature"], body):
                     if status == 200:
