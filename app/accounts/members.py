@@ -66,6 +66,27 @@ def require_role(actor: Actor, needed: str) -> None:
         raise NotAllowed(f"Only an organisation's {needed}s and above may do this.")
 
 
+def may_manage_keys_of(actor: Actor, member: Membership) -> bool:
+    """Whether the actor may create, change or end ``member``'s keys.
+
+    Their own, always; another member's takes an admin, an owner's an owner: as with
+    roles, an admin cannot act on an owner.
+    """
+    if member.id == actor.member_id:
+        return True
+    return has_role(actor.role, OWNER if member.role == OWNER else ADMIN)
+
+
+def may_set_budget_of(actor: Actor, member: Membership) -> bool:
+    """Whether the actor may set ``member``'s budget.
+
+    An admin sets the budgets of members and other admins; an owner's budget, and an
+    admin's own (which they could otherwise lift), are an owner's to set.
+    """
+    touches_owner_or_self = member.role == OWNER or member.id == actor.member_id
+    return has_role(actor.role, OWNER if touches_owner_or_self else ADMIN)
+
+
 def _checked_role(role: str) -> str:
     if role not in ROLES:
         raise MemberNotFound(f"no role {role!r}: use one of {', '.join(ROLES)}")

@@ -22,15 +22,11 @@ from app.accounts.organisations import memberships_of
 from app.budgets import budget_state
 from app.dashboard.addresses import public_link
 from app.dashboard.forms import BudgetForm, InviteForm, OrganisationForm, RoleForm
-from app.dashboard.security import role_required
+from app.dashboard.security import current_actor, role_required
 from app.dashboard.session import switch_organisation
 from app.dashboard.views import bp
 from app.database import utcnow
 from app.mail import mail_configured, send_mail
-
-
-def _actor() -> members.Actor:
-    return members.Actor(current_user.person_id, current_user.member_id, current_user.role)
 
 
 def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
@@ -42,6 +38,11 @@ def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
         role_form=RoleForm,
         budget_form=BudgetForm,
         budgets={row.membership.id: budget_state(row.membership, utcnow()) for row in rows},
+        budget_rights={
+            row.membership.id
+            for row in rows
+            if members.may_set_budget_of(current_actor(), row.membership)
+        },
         link=link,
         may_make_owners=current_user.role == OWNER,
         invites=pending_invites(current_user.account_id),
@@ -66,7 +67,7 @@ def invite_member() -> tuple[str, int] | BaseResponse:
     email = form.email.data.strip()
     try:
         token = members.invite_member(
-            current_user.account_id, _actor(), email=email, role=form.role.data
+            current_user.account_id, current_actor(), email=email, role=form.role.data
         )
     except NotAllowed:
         abort(403)
@@ -102,7 +103,7 @@ def _mailed(email: str, link: str) -> bool:
 def revoke_invite(invite_id: int) -> BaseResponse:
     """Revoke a pending invite: its link stops working at once."""
     try:
-        invite = members.revoke_invite(current_user.account_id, _actor(), invite_id)
+        invite = members.revoke_invite(current_user.account_id, current_actor(), invite_id)
     except MemberNotFound:
         abort(404)
     except NotAllowed:
@@ -119,7 +120,9 @@ def change_role(member_id: int) -> BaseResponse:
     if not form.validate():
         abort(400)
     try:
-        member = members.change_role(current_user.account_id, _actor(), member_id, form.role.data)
+        member = members.change_role(
+            current_user.account_id, current_actor(), member_id, form.role.data
+        )
     except MemberNotFound:
         abort(404)
     except NotAllowed:
@@ -143,6 +146,8 @@ def set_budget(member_id: int) -> BaseResponse:
         member = members.find_member(current_user.account_id, member_id)
     except MemberNotFound:
         abort(404)
+    if not members.may_set_budget_of(current_actor(), member):
+        abort(403)
     set_member_budget(
         member.id,
         amount=form.amount.amount,
@@ -158,7 +163,7 @@ def set_budget(member_id: int) -> BaseResponse:
 def remove_member(member_id: int) -> BaseResponse:
     """Remove a member (or leave): their keys are revoked at once, their usage stays."""
     try:
-        revoked = members.remove_member(current_user.account_id, _actor(), member_id)
+        revoked = members.remove_member(current_user.account_id, current_actor(), member_id)
     except MemberNotFound:
         abort(404)
     except NotAllowed:

@@ -9,6 +9,7 @@ from typing import ParamSpec, TypeVar
 from flask import abort, current_app, redirect, request, url_for
 from flask_login import current_user, login_required
 
+from app.accounts.members import Actor
 from app.accounts.models import MEMBER, has_role
 from app.accounts.passwords import normalize_email
 
@@ -26,6 +27,11 @@ def admin_required(view: Callable[P, R]) -> Callable[P, R]:
         return view(*args, **kwargs)
 
     return wrapped
+
+
+def current_actor() -> Actor:
+    """Return the signed-in member as the membership rules take them."""
+    return Actor(current_user.person_id, current_user.member_id, current_user.role)
 
 
 def role_required(needed: str = MEMBER) -> Callable[[Callable[P, R]], Callable[P, R]]:

@@ -50,7 +50,7 @@ from app.dashboard.forms import (
     SignUpForm,
 )
 from app.dashboard.pages import Cursor
-from app.dashboard.security import ATTEMPT_LIMITS, admin_required, role_required
+from app.dashboard.security import ATTEMPT_LIMITS, admin_required, current_actor, role_required
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf, db
@@ -180,7 +180,11 @@ def _own_member_id() -> int | None:
 def _keys_page(form: CreateKeyForm, status: int = 200) -> tuple[str, int]:
     rows = accounts.account_key_rows(current_user.account_id, utcnow(), _own_member_id())
     page = render_template(
-        "dashboard/keys.html", rows=rows, form=form, every_member=_sees_every_key()
+        "dashboard/keys.html",
+        rows=rows,
+        form=form,
+        every_member=_sees_every_key(),
+        manageable=_manageable_members(),
     )
     return page, status
 
@@ -193,7 +197,12 @@ def _create_key_form() -> CreateKeyForm:
         del form.member
         return form
     current = members.list_members(current_user.account_id)
-    form.member.choices = [(row.membership.id, row.email) for row in current]
+    actor = current_actor()
+    form.member.choices = [
+        (row.membership.id, row.email)
+        for row in current
+        if members.may_manage_keys_of(actor, row.membership)
+    ]
     if form.member.data is None:
         form.member.data = current_user.member_id
     return form
@@ -232,13 +241,23 @@ def create_key() -> tuple[str, int]:
 
 
 def _owned_key_or_404(key_id: int) -> ApiKey:
-    """Return the organisation's key: 404 if it is another's, 403 if another member's."""
+    """Return the organisation's key: 404 if it is another's, 403 if not the user's to manage."""
     key = accounts.find_account_key(current_user.account_id, key_id)
     if key is None:
         abort(404)
-    if key.member_id != current_user.member_id and not _sees_every_key():
+    if not members.may_manage_keys_of(current_actor(), accounts.key_member(key)):
         abort(403)
     return key
+
+
+def _manageable_members() -> set[int]:
+    """Return the ids of the memberships whose keys the signed-in member may manage."""
+    actor = current_actor()
+    return {
+        membership.id
+        for membership in accounts.memberships(current_user.account_id)
+        if members.may_manage_keys_of(actor, membership)
+    }
 
 
 @bp.get("/keys/<int:key_id>/rotate")

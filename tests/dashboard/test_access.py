@@ -22,10 +22,11 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from app.accounts.models import Change, Person
+from app.accounts.models import Change, Membership, Person
 from app.alerts.delivery import deliver_alerts
 from app.alerts.endpoints import set_balance_threshold
 from app.alerts.models import AlertEndpoint
+from app.auth.models import ApiKey
 from app.extensions import db
 from tests.alert_receiver import webhook_receiver
 from tests.conftest import running_server, running_smtp_server
@@ -500,3 +501,48 @@ def test_a_webhook_urls_password_is_never_shown_but_sent_as_basic_auth(app, runn
     assert "http://***@127.0.0.1" in pages[1] and "http://***@127.0.0.1" in listed
     assert receiver.events and receiver.bad_signatures == 0
     assert set(receiver.authorizations) == {"Basic aG9vay11c2VyOnBhNTUtdzByZA=="}
+
+
+def key_id_named(app, name: str) -> int:
+    with app.app_context():
+        return db.session.scalar(select(ApiKey.id).where(ApiKey.name == name))
+
+
+def test_an_admin_cannot_touch_an_owners_keys(app, server):
+    owner, admin, admin_email = team_with_admin(app, server)
+    name = f"owner key {uuid.uuid4().hex[:6]}"
+    assert owner.post("/keys", {"name": name}).status_code == 201
+    key_id = key_id_named(app, name)
+    keys_page = admin.get("/keys").text
+    assert name in keys_page and f"/keys/{key_id}/rotate" not in keys_page
+    for action in ("rotate", "revoke", "delete"):
+        assert admin.post(f"/keys/{key_id}/{action}", {}, "/keys").status_code == 403, action
+    assert admin.get(f"/keys/{key_id}/edit").status_code == 403
+    # The owner's own membership is the first (and chosen) of their form's members.
+    owner_id = int(
+        re.search(r'name="member"[^>]*>\s*<option[^>]*value="(\d+)"', owner.get("/keys").text)[1]
+    )
+    assert owner_id != member_id(owner, admin_email)
+    for_owner = admin.post("/keys", {"name": "for the owner", "member": owner_id})
+    assert for_owner.status_code == 400
+    with app.app_context():
+        assert db.session.get(ApiKey, key_id).state == "active"
+        assert db.session.scalar(select(ApiKey.id).where(ApiKey.name == "for the owner")) is None
+
+
+def test_an_admin_cannot_lift_their_own_budget_nor_set_an_owners(app, server):
+    owner, admin, admin_email = team_with_admin(app, server)
+    admin_id = member_id(owner, admin_email)
+    budget = {"amount": "1", "window": "day"}
+    assert owner.post(f"/members/{admin_id}/budget", budget, "/members").status_code == 302
+    lifted = admin.post(f"/members/{admin_id}/budget", {"amount": "", "window": "day"}, "/members")
+    assert lifted.status_code == 403
+    owner_id = next(
+        int(found)
+        for found in re.findall(r'for="budget-(\d+)"', owner.get("/members").text)
+        if int(found) != admin_id
+    )
+    assert admin.post(f"/members/{owner_id}/budget", budget, "/members").status_code == 403
+    with app.app_context():
+        assert db.session.get(Membership, admin_id).budget is not None
+        assert db.session.get(Membership, owner_id).budget is None
