@@ -45,7 +45,7 @@ def invite(page, url: str, email: str, role: str) -> str:
     page.goto(f"{url}/members")
     page.get_by_label("Email").fill(email)
     page.get_by_label("Role", exact=True).select_option(role)
-    page.get_by_role("button", name="Invite").click()
+    page.get_by_role("button", name="Invite", exact=True).click()
     return page.get_by_role("textbox", name="Invite link").input_value()
 
 
