@@ -33,7 +33,7 @@ from app.accounts.links import (
 )
 from app.accounts.passwords import WeakPassword, register_account
 from app.credits.accounts import AccountExists
-from app.dashboard.addresses import public_link, safe_next
+from app.dashboard.addresses import is_local_path, public_link, safe_next
 from app.dashboard.forms import ForgotPasswordForm, SetPasswordForm, SignUpForm
 from app.dashboard.security import ATTEMPT_LIMITS
 from app.dashboard.session import start_session, switch_organisation
@@ -113,7 +113,8 @@ def _sign_up_by_mail(email: str, password: str) -> tuple[str, int]:
         )
     else:
         next_page = request.args.get("next")
-        link = public_link(".confirm_sign_up_page", token=token, next=next_page)
+        local = next_page if next_page and is_local_path(next_page) else None
+        link = public_link(".confirm_sign_up_page", token=token, next=local)
         subject, body = (
             "Confirm your account",
             (
