@@ -65,6 +65,7 @@ def register_blueprints(app: Flask) -> None:
     from app.completions import views as completion_views
     from app.credits import views as credit_views
     from app.dashboard import (
+        access,  # noqa: F401  (adds its pages to the blueprint)
         alerts,  # noqa: F401  (adds its page to the blueprint)
         organisations,  # noqa: F401  (adds its pages to the blueprint)
     )

@@ -27,7 +27,7 @@ from app.accounts.errors import (
     LastOwner,
     MemberNotFound,
 )
-from app.accounts.invites import create_invite
+from app.accounts.links import OPERATOR_LINK_LIFETIME, invite_account_holder, issue_password_link
 from app.accounts.members import (
     OPERATOR,
     create_organisation,
@@ -228,20 +228,39 @@ def create_account_command(email: str, amount: Decimal | None, admin: bool) -> N
     click.echo(f"created account {account.id} {email} balance=${account.balance:f}")
 
 
-@accounts_cli.command("invite")
-@click.argument("email")
-@click.option(
+def _public_url() -> str:
+    """Return the dashboard's address as its users reach it: PUBLIC_URL, else localhost."""
+    return os.environ.get("PUBLIC_URL") or f"http://localhost:{os.environ.get('PORT', '8000')}"
+
+
+BASE_URL_OPTION = click.option(
     "--base-url",
-    default=lambda: f"http://localhost:{os.environ.get('PORT', '8000')}",
-    show_default="http://localhost:$PORT",
+    default=_public_url,
+    show_default="PUBLIC_URL, else http://localhost:$PORT",
     help="The dashboard's address as its users reach it.",
 )
+
+
+@accounts_cli.command("invite")
+@click.argument("email")
+@BASE_URL_OPTION
 def invite_command(email: str, base_url: str) -> None:
     """Print a one-time link, valid 24 hours, where EMAIL sets a dashboard password."""
     with operator_errors():
-        token = create_invite(email)
+        token = invite_account_holder(email)
     click.echo(f"invite for {email}, valid for 24 hours and for one use:")
-    click.echo(f"{base_url.rstrip('/')}/invite/{token}")
+    click.echo(f"{base_url.rstrip('/')}/password/{token}")
+
+
+@accounts_cli.command("password-link")
+@click.argument("email")
+@BASE_URL_OPTION
+def password_link_command(email: str, base_url: str) -> None:
+    """Print a one-time link, valid 24 hours, where EMAIL sets a new dashboard password."""
+    with operator_errors():
+        token = issue_password_link(email, lifetime=OPERATOR_LINK_LIFETIME)
+    click.echo(f"password link for {email}, valid for 24 hours and for one use:")
+    click.echo(f"{base_url.rstrip('/')}/password/{token}")
 
 
 ORG_OPTION = click.option(
@@ -476,12 +495,7 @@ def create_organisation_command(name: str, owner_email: str, amount: Decimal | N
 @click.argument("org")
 @click.argument("email")
 @click.option("--role", type=click.Choice(ROLES), default="member", show_default=True)
-@click.option(
-    "--base-url",
-    default=lambda: f"http://localhost:{os.environ.get('PORT', '8000')}",
-    show_default="http://localhost:$PORT",
-    help="The dashboard's address as its users reach it.",
-)
+@BASE_URL_OPTION
 def invite_member_command(org: str, email: str, role: str, base_url: str) -> None:
     """Print a one-time link, valid 24 hours, by which EMAIL joins ORG (id or name)."""
     with operator_errors():
@@ -618,7 +632,7 @@ def add_webhook_command(org: str, url: str) -> None:
     with operator_errors():
         account = find_organisation(org)
         endpoint, secret = add_webhook(account.id, url)
-    click.echo(f"webhook {endpoint.id} of {account.name}: {url}")
+    click.echo(f"webhook {endpoint.id} of {account.name}: {endpoint.shown_target}")
     click.echo(f"signing secret (shown once, keep it now): {secret}")
 
 
@@ -638,7 +652,7 @@ def _list_endpoints(org: str, kind: str) -> None:
         account = find_organisation(org)
         endpoints = [e for e in active_endpoints(account.id) if e.kind == kind]
     for endpoint in endpoints:
-        click.echo(f"{endpoint.id}\t{endpoint.target}\t{endpoint.created_at:%Y-%m-%d %H:%M}")
+        click.echo(f"{endpoint.id}\t{endpoint.shown_target}\t{endpoint.created_at:%Y-%m-%d %H:%M}")
 
 
 def _remove_endpoint(org: str, endpoint_id: int) -> None:
@@ -692,7 +706,7 @@ def alert_log_command(org: str) -> None:
             f"{delivery.next_attempt_at:%Y-%m-%d %H:%M:%S}" if delivery.next_attempt_at else "-"
         )
         click.echo(
-            f"{delivery.id}\tevt_{line.event.id}\t{line.event.type}\t{line.endpoint.target}"
+            f"{delivery.id}\tevt_{line.event.id}\t{line.event.type}\t{line.endpoint.shown_target}"
             f"\t{delivery.status}\t{delivery.attempts}\t{answer}\t{next_try}"
         )
 

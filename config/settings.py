@@ -63,6 +63,9 @@ class Config:
     # (an invite's link is shown to whoever made it instead).
     SMTP_URL: str | None = None
     MAIL_FROM = "gateway@localhost"
+    # The dashboard's address as its users reach it, for the links it mails out (password
+    # links, sign-up confirmations, invites); unset: the address each request came to.
+    PUBLIC_URL: str | None = None
     # How often each worker's background deliverer sends the alert events waiting.
     ALERTS_POLL_SECONDS = 2.0
     # Private networks (comma-separated CIDRs) alert webhooks may be sent to; public
@@ -197,6 +200,7 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS", str),
     ("SMTP_URL", "SMTP_URL", str),
     ("MAIL_FROM", "MAIL_FROM", str),
+    ("PUBLIC_URL", "PUBLIC_URL", str),
     ("ALERT_WEBHOOK_NETWORKS", "ALERT_WEBHOOK_NETWORKS", _networks),
 )
 

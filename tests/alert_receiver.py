@@ -35,6 +35,7 @@ class Receiver:
     posts: int = 0
     # The signature time (``t=``) of each POST, in the order they came.
     signed_at: list[int] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
 
 
 @contextmanager
@@ -59,6 +60,7 @@ def webhook_receiver(
                     item.split("=", 1) for item in self.headers["Gateway-Signature"].split(",")
                 )
                 receiver.signed_at.append(int(header["t"]))
+                receiver.authorizations.append(self.headers.get("Authorization"))
                 status = receiver.answers.pop(0) if receiver.answers else 200
                 if verify(receiver.secret, self.headers["Gateway-Signature"], body):
                     if status == 200:

@@ -237,8 +237,8 @@ def _wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> 
     raise RuntimeError("gunicorn did not answer /healthz in time")
 
 
-@pytest.fixture
-def smtp_server() -> Iterator[tuple[list, str]]:
+@contextmanager
+def running_smtp_server() -> Iterator[tuple[list, str]]:
     """A real SMTP server in this process (aiosmtpd): the messages it receives, its URL."""
     from aiosmtpd.controller import Controller
 
@@ -256,3 +256,10 @@ def smtp_server() -> Iterator[tuple[list, str]]:
         yield received, f"smtp://127.0.0.1:{port}"
     finally:
         controller.stop()
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[tuple[list, str]]:
+    """A real SMTP server in this process (aiosmtpd): the messages it receives, its URL."""
+    with running_smtp_server() as server:
+        yield server

@@ -14,17 +14,29 @@ from sqlalchemy import func, select
 
 from app.accounts.changes import record_change
 from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
-from app.accounts.invites import stage_invite
+from app.accounts.invites import is_open, role_to_invite, stage_invite
 from app.accounts.keys import stage_revoke_member_keys
-from app.accounts.models import ADMIN, MEMBER, OWNER, ROLES, Membership, Person
-from app.accounts.organisations import active_membership, stage_account, stage_person
+from app.accounts.models import (
+    ADMIN,
+    OWNER,
+    RANK,
+    ROLES,
+    AccountInvite,
+    Membership,
+    Person,
+    has_role,
+)
+from app.accounts.organisations import (
+    active_membership,
+    find_person_by_email,
+    stage_account,
+    stage_person,
+)
 from app.auth.keys import forget_remembered_callers
 from app.credits.accounts import AccountNotFound
 from app.credits.models import Account
 from app.database import utcnow
 from app.extensions import db
-
-RANK = {OWNER: 3, ADMIN: 2, MEMBER: 1}
 
 
 @dataclass(frozen=True)
@@ -48,15 +60,31 @@ class MemberRow:
     email: str
 
 
-def has_role(role: str | None, needed: str) -> bool:
-    """Return whether ``role`` may do what ``needed`` may (None, no member, may nothing)."""
-    return role is not None and RANK[role] >= RANK[needed]
-
-
 def require_role(actor: Actor, needed: str) -> None:
     """Raise NotAllowed unless the actor's role is at least ``needed``."""
     if not has_role(actor.role, needed):
         raise NotAllowed(f"Only an organisation's {needed}s and above may do this.")
+
+
+def may_manage_keys_of(actor: Actor, member: Membership) -> bool:
+    """Whether the actor may create, change or end ``member``'s keys.
+
+    Their own, always; another member's takes an admin, an owner's an owner: as with
+    roles, an admin cannot act on an owner.
+    """
+    if member.id == actor.member_id:
+        return True
+    return has_role(actor.role, OWNER if member.role == OWNER else ADMIN)
+
+
+def may_set_budget_of(actor: Actor, member: Membership) -> bool:
+    """Whether the actor may set ``member``'s budget.
+
+    An admin sets the budgets of members and other admins; an owner's budget, and an
+    admin's own (which they could otherwise lift), are an owner's to set.
+    """
+    touches_owner_or_self = member.role == OWNER or member.id == actor.member_id
+    return has_role(actor.role, OWNER if touches_owner_or_self else ADMIN)
 
 
 def _checked_role(role: str) -> str:
@@ -104,21 +132,42 @@ def list_members(account_id: int) -> list[MemberRow]:
 def invite_member(account_id: int, actor: Actor, *, email: str, role: str) -> str:
     """Invite ``email`` into the organisation with ``role``; return the link's token.
 
+    The invite is bound to the address and records the actor as its inviter; nobody is
+    made for an address the gateway does not know.
     :raise NotAllowed: the actor is no admin, or invites an owner without being one.
     :raise AlreadyMember: the person is a member already.
     """
-    require_role(actor, OWNER if _checked_role(role) == OWNER else ADMIN)
-    person = stage_person(email)
-    if active_membership(person.id, account_id) is not None:
-        db.session.rollback()
+    require_role(actor, role_to_invite(_checked_role(role)))
+    person = find_person_by_email(email)
+    if person is not None and active_membership(person.id, account_id) is not None:
         raise AlreadyMember(f"{email} is a member of this organisation already")
-    token = stage_invite(account_id=account_id, person=person, role=role)
+    invite, token = stage_invite(
+        account_id=account_id, email=email, role=role, inviter_id=actor.person_id
+    )
     record_change(
-        actor.person_id, account_id, "member.invite", f"person:{person.id}",
-        {"email": person.email, "role": role},
+        actor.person_id, account_id, "member.invite", f"invite:{invite.id}",
+        {"email": invite.email, "role": role},
     )  # fmt: skip
     db.session.commit()
     return token
+
+
+def revoke_invite(account_id: int, actor: Actor, invite_id: int) -> AccountInvite:
+    """Revoke the organisation's open invite ``invite_id``: its link stops working.
+
+    :raise NotAllowed: the actor is no admin. :raise MemberNotFound: no such open invite.
+    """
+    require_role(actor, ADMIN)
+    invite = db.session.get(AccountInvite, invite_id)
+    if invite is None or invite.account_id != account_id or not is_open(invite):
+        raise MemberNotFound(f"no open invite {invite_id} in this organisation")
+    invite.revoked_at = utcnow()
+    record_change(
+        actor.person_id, account_id, "member.invite.revoke", f"invite:{invite.id}",
+        {"email": invite.email, "role": invite.role},
+    )  # fmt: skip
+    db.session.commit()
+    return invite
 
 
 def change_role(account_id: int, actor: Actor, member_id: int, role: str) -> Membership:

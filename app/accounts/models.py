@@ -19,6 +19,12 @@ from app.extensions import db
 # a member their own keys and usage.
 OWNER, ADMIN, MEMBER = "owner", "admin", "member"
 ROLES = (OWNER, ADMIN, MEMBER)
+RANK = {OWNER: 3, ADMIN: 2, MEMBER: 1}
+
+
+def has_role(role: str | None, needed: str) -> bool:
+    """Return whether ``role`` may do what ``needed`` may (None, no member, may nothing)."""
+    return role is not None and RANK[role] >= RANK[needed]
 
 
 class Person(db.Model):
@@ -56,10 +62,13 @@ class Membership(BudgetCounters, db.Model):
 
 
 class AccountInvite(db.Model):
-    """A one-time link that makes a person a member of an organisation with a role.
+    """A one-time link that makes the holder of an address a member with a role.
 
-    Only the sha256 of the link's token is stored: the token has 256 random bits, so a
-    leaked table gives nothing to guess from, and lookup stays one indexed equality.
+    Bound to ``email``, the address it was sent to: whoever signs in with it accepts it.
+    ``inviter_id`` is the member who made it (None: the operator's command); it stays open
+    only while they keep the role that allowed it (app.accounts.invites). Only the sha256
+    of the link's token is stored: the token has 256 random bits, so a leaked table gives
+    nothing to guess from, and lookup stays one indexed equality.
     """
 
     __tablename__ = "account_invites"
@@ -68,8 +77,48 @@ class AccountInvite(db.Model):
     account_id: Mapped[int] = mapped_column(
         ForeignKey("accounts.id", ondelete="CASCADE"), index=True
     )
-    person_id: Mapped[int] = mapped_column(ForeignKey("people.id", ondelete="CASCADE"))
+    email: Mapped[str] = mapped_column(String(320))
     role: Mapped[str] = mapped_column(String(16))
+    inviter_id: Mapped[int | None] = mapped_column(
+        ForeignKey("people.id", ondelete="SET NULL"), nullable=True
+    )
+    token_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+    expires_at = mapped_column(UTCDateTime, nullable=False)
+    used_at = mapped_column(UTCDateTime, nullable=True)
+    revoked_at = mapped_column(UTCDateTime, nullable=True)
+
+
+class PasswordLink(db.Model):
+    """A one-time link where a person sets their password: the only way but sign-up.
+
+    The operator issues one (``flask accounts invite``, ``flask accounts password-link``)
+    or the person asks for one mailed to their address. Only the token's sha256 is kept.
+    """
+
+    __tablename__ = "password_links"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    person_id: Mapped[int] = mapped_column(ForeignKey("people.id", ondelete="CASCADE"), index=True)
+    token_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    purpose: Mapped[str] = mapped_column(String(16))
+    created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+    expires_at = mapped_column(UTCDateTime, nullable=False)
+    used_at = mapped_column(UTCDateTime, nullable=True)
+
+
+class PendingSignUp(db.Model):
+    """A sign-up waiting for its address to be confirmed (when mail is set up).
+
+    The password chosen is kept only as its Argon2id hash; the account is made when the
+    link mailed to ``email`` is opened, unless the address has an account by then.
+    """
+
+    __tablename__ = "pending_signups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(320))
+    password_hash: Mapped[str] = mapped_column(String(255))
     token_digest: Mapped[str] = mapped_column(String(64), unique=True)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     expires_at = mapped_column(UTCDateTime, nullable=False)

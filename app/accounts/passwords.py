@@ -36,17 +36,32 @@ def check_password_strength(password: str) -> None:
         raise WeakPassword(f"Use at most {MAX_PASSWORD_LENGTH} characters.")
 
 
+def hash_password(password: str) -> str:
+    """Return the Argon2id hash of ``password``, as a person's password is kept."""
+    return _hasher.hash(password)
+
+
 def register_account(*, email: str, password: str) -> Person:
     """Create a person who signs in with ``password`` and owns a new organisation.
 
+    Never touches a person who exists, with a password or not: their password is set
+    only by a link of their own (app.accounts.links).
     :raise WeakPassword: the password is too short or too long.
     :raise AccountExists: a person has this email, in any letter case.
     """
     check_password_strength(password)
+    return register_hashed(email=email, password_hash=hash_password(password))
+
+
+def register_hashed(*, email: str, password_hash: str) -> Person:
+    """Create a person with the hash of the password they chose, owning a new organisation.
+
+    :raise AccountExists: a person has this email, in any letter case.
+    """
     email = normalize_email(email)
     if find_person_by_email(email) is not None:
         raise AccountExists("An account with this email already exists.")
-    person = Person(email=email, is_admin=False, password_hash=_hasher.hash(password))
+    person = Person(email=email, is_admin=False, password_hash=password_hash)
     db.session.add(person)
     try:
         db.session.flush()
@@ -67,7 +82,7 @@ def set_password(person_id: int, password: str) -> None:
 
 def stage_password(person_id: int, password: str) -> None:
     """Set the person's password hash in the session, for the caller to commit."""
-    db.session.get(Person, person_id).password_hash = _hasher.hash(password)
+    db.session.get(Person, person_id).password_hash = hash_password(password)
 
 
 def password_matches(person: Person, password: str) -> bool:

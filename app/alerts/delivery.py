@@ -17,13 +17,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import gevent
 import requests.certs
 import urllib3
 from cryptography.fernet import InvalidToken
 from sqlalchemy import select, update
+from urllib3.util import make_headers
 
 from app.alerts.events import SIGNATURE_HEADER, event_body, event_text, signature
 from app.alerts.models import (
@@ -162,9 +163,10 @@ def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | No
     if endpoint.kind == WEBHOOK:
         try:
             secret = unseal(endpoint.sealed_secret)
+            userinfo = unseal(endpoint.sealed_userinfo) if endpoint.sealed_userinfo else None
         except InvalidToken as error:
             raise DeliveryFailed("the secret is unreadable: SECRET_KEY changed") from error
-        return post_webhook(endpoint.target, secret, event, now)
+        return post_webhook(endpoint.target, secret, event, now, userinfo=userinfo)
     if endpoint.kind == EMAIL:
         subject, body = event_text(event)
         try:
@@ -175,11 +177,14 @@ def _send(endpoint: AlertEndpoint, event: AlertEvent, now: datetime) -> int | No
     raise DeliveryFailed(f"unknown endpoint kind {endpoint.kind!r}")
 
 
-def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int:
+def post_webhook(
+    url: str, secret: str, event: AlertEvent, now: datetime, *, userinfo: str | None = None
+) -> int:
     """POST the signed event to ``url``; return its 2xx status. :raise DeliveryFailed.
 
     The connection goes to an address checked (networks.checked_addresses), under the
-    URL's name: its Host header, and for HTTPS the name its certificate must carry.
+    URL's name: its Host header, and for HTTPS the name its certificate must carry. The
+    URL's ``user:password`` (kept sealed apart, ``userinfo``) goes as Basic auth.
     """
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -190,6 +195,9 @@ def post_webhook(url: str, secret: str, event: AlertEvent, now: datetime) -> int
         "Content-Type": "application/json",
         SIGNATURE_HEADER: signature(secret, int(now.timestamp()), body),
     }
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        headers.update(make_headers(basic_auth=f"{unquote(user)}:{unquote(password)}"))
     target = urlunsplit(("", "", parts.path or "/", parts.query, ""))
     post = _WebhookPost(parts.scheme, host, port, target, body, headers)
     try:

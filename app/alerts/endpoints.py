@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import select, update
 
@@ -83,10 +83,24 @@ def add_webhook(account_id: int, url: str, actor: int | None = None) -> tuple[Al
     if refused := literal_refusal(parts.hostname):
         raise InvalidAlertSetting(f"a webhook may not be sent there: {refused}")
     secret = new_secret()
+    bare, userinfo = split_userinfo(url)
     endpoint = AlertEndpoint(
-        account_id=account_id, kind=WEBHOOK, target=url, sealed_secret=seal(secret)
+        account_id=account_id,
+        kind=WEBHOOK,
+        target=bare,
+        sealed_secret=seal(secret),
+        sealed_userinfo=seal(userinfo) if userinfo else None,
     )
     return _add(endpoint, actor), secret
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """Return ``url`` without its ``user:password@``, and that userinfo (None if it has none)."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url, None
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), userinfo
 
 
 def add_email(account_id: int, address: str, actor: int | None = None) -> AlertEndpoint:
@@ -105,7 +119,7 @@ def _add(endpoint: AlertEndpoint, actor: int | None) -> AlertEndpoint:
         endpoint.account_id,
         f"alerts.{endpoint.kind}.add",
         f"endpoint:{endpoint.id}",
-        {"target": endpoint.target},
+        {"target": endpoint.shown_target},
     )
     db.session.commit()
     return endpoint

@@ -43,7 +43,9 @@ class AlertEndpoint(db.Model):
     """Where an organisation's events go: a webhook URL or an e-mail address.
 
     A webhook's signing secret is kept sealed (encrypted with a key derived from
-    SECRET_KEY), never in clear: signing needs it back, so it cannot be hashed.
+    SECRET_KEY), never in clear: signing needs it back, so it cannot be hashed. So is
+    the user and password a webhook URL carried (``user:pass@``): ``target`` keeps the
+    URL without them, and they are sent as Basic auth.
     """
 
     __tablename__ = "alert_endpoints"
@@ -53,8 +55,17 @@ class AlertEndpoint(db.Model):
     kind: Mapped[str] = mapped_column(String(8))
     target: Mapped[str] = mapped_column(String(2000))
     sealed_secret: Mapped[str | None] = mapped_column(Text, nullable=True)
+    sealed_userinfo: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
     removed_at = mapped_column(UTCDateTime, nullable=True)
+
+    @property
+    def shown_target(self) -> str:
+        """Return the target as pages, commands and the log show it: credentials as ``***``."""
+        if not self.sealed_userinfo:
+            return self.target
+        scheme, _, rest = self.target.partition("://")
+        return f"{scheme}://***@{rest}"
 
 
 class AlertDelivery(db.Model):

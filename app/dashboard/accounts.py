@@ -44,6 +44,16 @@ def account_keys(account_id: int, member_id: int | None = None) -> list[ApiKey]:
     return list(db.session.scalars(statement.order_by(ApiKey.id.desc())))
 
 
+def key_member(key: ApiKey) -> Membership:
+    """Return the membership ``key`` belongs to (removed or not)."""
+    return db.session.get(Membership, key.member_id)
+
+
+def memberships(account_id: int) -> list[Membership]:
+    """Return every membership of the organisation, removed ones too."""
+    return list(db.session.scalars(select(Membership).where(Membership.account_id == account_id)))
+
+
 def account_key_rows(account_id: int, now: datetime, member_id: int | None = None) -> list[KeyRow]:
     """Return the account's keys (not deleted), newest first, with their spend this month.
 

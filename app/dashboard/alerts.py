@@ -62,7 +62,7 @@ def _alerts_page(status: int = 200, secret: str | None = None) -> tuple[str, int
         deliveries=delivery_log(account_id),
         threshold_form=ThresholdForm(),
         budget_form=BudgetAlertForm(),
-        endpoint_form=EndpointForm(),
+        endpoint_form=EndpointForm(formdata=None),  # a URL may carry a password
         secret=secret,
     )
     return page, status

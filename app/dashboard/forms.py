@@ -55,6 +55,12 @@ class SignUpForm(FlaskForm):
     )
 
 
+class ForgotPasswordForm(FlaskForm):
+    """The address to mail a password link to."""
+
+    email = EmailField("Email", validators=[DataRequired(), Length(max=320)])
+
+
 class SetPasswordForm(FlaskForm):
     """The password an invited holder chooses."""
 

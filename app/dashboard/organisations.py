@@ -16,19 +16,17 @@ from app.accounts import members
 from app.accounts.budgets import set_member_budget
 from app.accounts.changes import recent_changes
 from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
+from app.accounts.invites import pending_invites
 from app.accounts.models import ADMIN, OWNER
 from app.accounts.organisations import memberships_of
 from app.budgets import budget_state
+from app.dashboard.addresses import public_link
 from app.dashboard.forms import BudgetForm, InviteForm, OrganisationForm, RoleForm
-from app.dashboard.security import role_required
+from app.dashboard.security import current_actor, role_required
 from app.dashboard.session import switch_organisation
 from app.dashboard.views import bp
 from app.database import utcnow
 from app.mail import mail_configured, send_mail
-
-
-def _actor() -> members.Actor:
-    return members.Actor(current_user.person_id, current_user.member_id, current_user.role)
 
 
 def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
@@ -40,8 +38,14 @@ def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
         role_form=RoleForm,
         budget_form=BudgetForm,
         budgets={row.membership.id: budget_state(row.membership, utcnow()) for row in rows},
+        budget_rights={
+            row.membership.id
+            for row in rows
+            if members.may_set_budget_of(current_actor(), row.membership)
+        },
         link=link,
         may_make_owners=current_user.role == OWNER,
+        invites=pending_invites(current_user.account_id),
     )
     return page, status
 
@@ -63,14 +67,14 @@ def invite_member() -> tuple[str, int] | BaseResponse:
     email = form.email.data.strip()
     try:
         token = members.invite_member(
-            current_user.account_id, _actor(), email=email, role=form.role.data
+            current_user.account_id, current_actor(), email=email, role=form.role.data
         )
     except NotAllowed:
         abort(403)
     except AlreadyMember as error:
         form.email.errors.append(str(error))
         return _members_page(form, 400)
-    link = url_for("dashboard.accept_invite_page", token=token, _external=True)
+    link = public_link("dashboard.accept_invite_page", token=token)
     if mail_configured() and _mailed(email, link):
         flash(f"Sent an invite to {email}.", "success")
         return redirect(url_for(".list_members"))
@@ -82,7 +86,8 @@ def _mailed(email: str, link: str) -> bool:
     organisation = current_user.organisation_name
     body = (
         f"{current_user.email} invites you to {organisation}.\n\n"
-        f"Open this link within 24 hours to join; it works once:\n{link}\n"
+        f"Open this link within 24 hours, and sign in (or sign up) as {email} to join; "
+        f"it works once:\n{link}\n"
     )
     try:
         send_mail(email, f"Join {organisation}", body)
@@ -93,6 +98,20 @@ def _mailed(email: str, link: str) -> bool:
     return True
 
 
+@bp.post("/members/invites/<int:invite_id>/revoke")
+@role_required(ADMIN)
+def revoke_invite(invite_id: int) -> BaseResponse:
+    """Revoke a pending invite: its link stops working at once."""
+    try:
+        invite = members.revoke_invite(current_user.account_id, current_actor(), invite_id)
+    except MemberNotFound:
+        abort(404)
+    except NotAllowed:
+        abort(403)
+    flash(f"Revoked the invite of {invite.email}.", "success")
+    return redirect(url_for(".list_members"))
+
+
 @bp.post("/members/<int:member_id>/role")
 @role_required(ADMIN)
 def change_role(member_id: int) -> BaseResponse:
@@ -101,7 +120,9 @@ def change_role(member_id: int) -> BaseResponse:
     if not form.validate():
         abort(400)
     try:
-        member = members.change_role(current_user.account_id, _actor(), member_id, form.role.data)
+        member = members.change_role(
+            current_user.account_id, current_actor(), member_id, form.role.data
+        )
     except MemberNotFound:
         abort(404)
     except NotAllowed:
@@ -125,6 +146,8 @@ def set_budget(member_id: int) -> BaseResponse:
         member = members.find_member(current_user.account_id, member_id)
     except MemberNotFound:
         abort(404)
+    if not members.may_set_budget_of(current_actor(), member):
+        abort(403)
     set_member_budget(
         member.id,
         amount=form.amount.amount,
@@ -140,7 +163,7 @@ def set_budget(member_id: int) -> BaseResponse:
 def remove_member(member_id: int) -> BaseResponse:
     """Remove a member (or leave): their keys are revoked at once, their usage stays."""
     try:
-        revoked = members.remove_member(current_user.account_id, _actor(), member_id)
+        revoked = members.remove_member(current_user.account_id, current_actor(), member_id)
     except MemberNotFound:
         abort(404)
     except NotAllowed:

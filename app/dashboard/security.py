@@ -9,8 +9,8 @@ from typing import ParamSpec, TypeVar
 from flask import abort, current_app, redirect, request, url_for
 from flask_login import current_user, login_required
 
-from app.accounts.members import has_role
-from app.accounts.models import MEMBER
+from app.accounts.members import Actor
+from app.accounts.models import MEMBER, has_role
 from app.accounts.passwords import normalize_email
 
 P = ParamSpec("P")
@@ -27,6 +27,11 @@ def admin_required(view: Callable[P, R]) -> Callable[P, R]:
         return view(*args, **kwargs)
 
     return wrapped
+
+
+def current_actor() -> Actor:
+    """Return the signed-in member as the membership rules take them."""
+    return Actor(current_user.person_id, current_user.member_id, current_user.role)
 
 
 def role_required(needed: str = MEMBER) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -69,3 +74,11 @@ def sign_in_limit_per_email() -> str:
 def sign_in_limit_per_address() -> str:
     """Return the app's limit of sign-in attempts per client address."""
     return current_app.config["SIGN_IN_LIMIT_PER_ADDRESS"]
+
+
+# Sign-in, sign-up and asking for a password link are counted alike, each form apart:
+# per email and per client address.
+ATTEMPT_LIMITS = (
+    (sign_in_limit_per_address, sign_in_address),
+    (sign_in_limit_per_email, sign_in_email),
+)

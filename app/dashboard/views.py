@@ -12,7 +12,6 @@ from flask import (
     Blueprint,
     Response,
     abort,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -30,44 +29,30 @@ from app.accounts import keys, members
 from app.accounts.budgets import set_key_budget
 from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
-from app.accounts.invites import (
-    InviteInvalid,
-    OpenInvite,
-    accept_invite,
-    find_open_invite,
-    join_by_invite,
-)
 from app.accounts.members import has_role
 from app.accounts.models import ADMIN
-from app.accounts.passwords import WeakPassword, authenticate, register_account
+from app.accounts.passwords import authenticate
 from app.auth.models import ApiKey
 from app.budgets import MONTH
 from app.catalog.registry import current_catalog
-from app.credits.accounts import AccountExists
 from app.credits.errors import IdempotencyConflict
 from app.credits.ledger import grant_credits
 from app.dashboard import accounts, usage
+from app.dashboard.addresses import safe_next
 from app.dashboard.charts import spend_chart
 from app.dashboard.formatting import format_usd
 from app.dashboard.forms import (
     CreateKeyForm,
+    ForgotPasswordForm,
     GrantForm,
     KeyLimitsForm,
-    SetPasswordForm,
     SignInForm,
     SignUpForm,
 )
 from app.dashboard.pages import Cursor
 from app.dashboard.quickstart import client_configurations
-from app.dashboard.security import (
-    admin_required,
-    role_required,
-    sign_in_address,
-    sign_in_email,
-    sign_in_limit_per_address,
-    sign_in_limit_per_email,
-)
-from app.dashboard.session import start_session, switch_organisation
+from app.dashboard.security import ATTEMPT_LIMITS, admin_required, current_actor, role_required
+from app.dashboard.session import start_session
 from app.database import utcnow
 from app.extensions import API_PREFIX, csrf, db
 from app.ratelimits import RateLimitExceeded, limiter
@@ -136,10 +121,16 @@ def forbidden(error: Forbidden) -> tuple[str, int]:
 
 @bp.errorhandler(RateLimitExceeded)
 def too_many_requests(error: RateLimitExceeded) -> tuple[str, int]:
-    """Answer 429: on the sign-in page for sign-in attempts, on an error page otherwise."""
-    if request.endpoint == "dashboard.sign_in":
-        flash("Too many sign-in attempts. Wait a few minutes and try again.", "error")
-        return render_template("dashboard/sign_in.html", form=SignInForm()), 429
+    """Answer 429: on the form's own page for attempts at it, on an error page otherwise."""
+    attempts = {
+        "dashboard.sign_in": ("dashboard/sign_in.html", SignInForm, "sign-in attempts"),
+        "dashboard.sign_up": ("dashboard/sign_up.html", SignUpForm, "sign-up attempts"),
+        "dashboard.forgot_password": ("dashboard/forgot.html", ForgotPasswordForm, "requests"),
+    }
+    if request.endpoint in attempts:
+        template, form, counted = attempts[request.endpoint]
+        flash(f"Too many {counted}. Wait a few minutes and try again.", "error")
+        return render_template(template, form=form(formdata=None), mail=True), 429
     message = "Too many requests from your address. Wait a minute and try again."
     return render_template("dashboard/error.html", title="Slow down", message=message), 429
 
@@ -150,31 +141,8 @@ def home() -> BaseResponse:
     return redirect(url_for(".list_keys" if current_user.is_authenticated else ".sign_in"))
 
 
-@bp.route("/signup", methods=["GET", "POST"])
-def sign_up() -> BaseResponse | str | tuple[str, int]:
-    """Create an account with email and password, and sign it in."""
-    if current_app.config["SIGNUP"] != "open":
-        return render_template("dashboard/sign_up_closed.html"), 403
-    form = SignUpForm()
-    if form.validate_on_submit():
-        try:
-            person = register_account(email=form.email.data, password=form.password.data)
-        except AccountExists as error:
-            form.email.errors.append(str(error))
-        except WeakPassword as error:
-            form.password.errors.append(str(error))
-        else:
-            start_session(person)
-            return redirect(url_for(".list_keys"))
-    return render_template("dashboard/sign_up.html", form=form), 400 if form.errors else 200
-
-
 @bp.route("/signin", methods=["GET", "POST"])
-@limiter.limit(
-    (sign_in_limit_per_address, sign_in_address),
-    (sign_in_limit_per_email, sign_in_email),
-    methods=["POST"],
-)
+@limiter.limit(*ATTEMPT_LIMITS, methods=["POST"])
 def sign_in() -> BaseResponse | str | tuple[str, int]:
     """Sign in with email and password; one message for whatever was wrong."""
     form = SignInForm()
@@ -182,17 +150,10 @@ def sign_in() -> BaseResponse | str | tuple[str, int]:
         person = authenticate(form.email.data, form.password.data)
         if person is not None:
             start_session(person)
-            return redirect(_safe_next(request.args.get("next")))
+            return redirect(safe_next(request.args.get("next"), url_for(".list_keys")))
         flash("Incorrect email or password.", "error")
         return render_template("dashboard/sign_in.html", form=form), 401
     return render_template("dashboard/sign_in.html", form=form)
-
-
-def _safe_next(target: str | None) -> str:
-    # Only a path on this site: an absolute or scheme-relative URL would be an open redirect.
-    if target and target.startswith("/") and not target.startswith("//"):
-        return target
-    return url_for(".list_keys")
 
 
 @bp.post("/signout")
@@ -201,48 +162,6 @@ def sign_out() -> BaseResponse:
     logout_user()
     session.clear()
     return redirect(url_for(".sign_in"))
-
-
-@bp.route("/invite/<token>", methods=["GET", "POST"])
-def accept_invite_page(token: str) -> BaseResponse | str | tuple[str, int]:
-    """Let an invited person join, once, within 24 hours.
-
-    Someone new sets a password; someone with a password signs in first, then joins.
-    """
-    try:
-        invite = find_open_invite(token)
-    except InviteInvalid as error:
-        return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
-    if not invite.needs_password:
-        return _join_page(token, invite)
-    form = SetPasswordForm()
-    if form.validate_on_submit():
-        try:
-            person = accept_invite(token, form.password.data)
-        except InviteInvalid as error:
-            return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
-        except WeakPassword as error:
-            form.password.errors.append(str(error))
-        else:
-            start_session(person)
-            return redirect(url_for(".list_keys"))
-    page = render_template("dashboard/invite.html", form=form, invite=invite)
-    return page, 400 if form.errors else 200
-
-
-def _join_page(token: str, invite: OpenInvite) -> BaseResponse | str | tuple[str, int]:
-    """Serve the invite of a person with a password: they sign in, then join with one click."""
-    signed_in_as_them = current_user.is_authenticated and current_user.person_id == invite.person.id
-    if request.method == "POST" and signed_in_as_them:
-        try:
-            joined = join_by_invite(token, current_user.person_id)
-        except InviteInvalid as error:
-            return render_template("dashboard/error.html", title="Invite", message=str(error)), 404
-        switch_organisation(current_user.person_id, joined.account.id)
-        flash(f"You joined {joined.account.name} as {joined.role}.", "success")
-        return redirect(url_for(".list_keys"))
-    page = render_template("dashboard/invite.html", invite=invite, signed_in=signed_in_as_them)
-    return page, 403 if request.method == "POST" else 200
 
 
 def _model_choices() -> list[tuple[str, str]]:
@@ -262,7 +181,11 @@ def _own_member_id() -> int | None:
 def _keys_page(form: CreateKeyForm, status: int = 200) -> tuple[str, int]:
     rows = accounts.account_key_rows(current_user.account_id, utcnow(), _own_member_id())
     page = render_template(
-        "dashboard/keys.html", rows=rows, form=form, every_member=_sees_every_key()
+        "dashboard/keys.html",
+        rows=rows,
+        form=form,
+        every_member=_sees_every_key(),
+        manageable=_manageable_members(),
     )
     return page, status
 
@@ -275,7 +198,12 @@ def _create_key_form() -> CreateKeyForm:
         del form.member
         return form
     current = members.list_members(current_user.account_id)
-    form.member.choices = [(row.membership.id, row.email) for row in current]
+    actor = current_actor()
+    form.member.choices = [
+        (row.membership.id, row.email)
+        for row in current
+        if members.may_manage_keys_of(actor, row.membership)
+    ]
     if form.member.data is None:
         form.member.data = current_user.member_id
     return form
@@ -314,13 +242,23 @@ def create_key() -> tuple[str, int]:
 
 
 def _owned_key_or_404(key_id: int) -> ApiKey:
-    """Return the organisation's key: 404 if it is another's, 403 if another member's."""
+    """Return the organisation's key: 404 if it is another's, 403 if not the user's to manage."""
     key = accounts.find_account_key(current_user.account_id, key_id)
     if key is None:
         abort(404)
-    if key.member_id != current_user.member_id and not _sees_every_key():
+    if not members.may_manage_keys_of(current_actor(), accounts.key_member(key)):
         abort(403)
     return key
+
+
+def _manageable_members() -> set[int]:
+    """Return the ids of the memberships whose keys the signed-in member may manage."""
+    actor = current_actor()
+    return {
+        membership.id
+        for membership in accounts.memberships(current_user.account_id)
+        if members.may_manage_keys_of(actor, membership)
+    }
 
 
 @bp.get("/keys/<int:key_id>/rotate")

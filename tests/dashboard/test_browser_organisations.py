@@ -1,10 +1,11 @@
 """An organisation in real headless Chromium against the real gunicorn server.
 
-An owner invites an admin and a member; the member creates a key, uses it, and sees
-their own usage but not the others'; the owner sees usage per member; the admin sets the
-member's budget, and adds a webhook whose delivery log shows the alert delivered. Each person has a
-browser context of their own. The wide tables must fit a 1280 px window: their last
-column and buttons are checked to lie inside it. Screenshots land in test-artifacts/.
+An owner invites an admin and a member, who sign up from the links and join; the member
+creates a key, uses it, and sees their own usage but not the others'; the owner sees usage
+per member; the admin sets the member's budget, and adds a webhook whose delivery log
+shows the alert delivered. Each person has a browser context of their own. The wide
+tables must fit a 1280 px window: their last column and buttons are checked to lie
+inside it. Screenshots land in test-artifacts/.
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ def invite(page, url: str, email: str, role: str) -> str:
     page.goto(f"{url}/members")
     page.get_by_label("Email").fill(email)
     page.get_by_label("Role", exact=True).select_option(role)
-    page.get_by_role("button", name="Invite").click()
+    page.get_by_role("button", name="Invite", exact=True).click()
     return page.get_by_role("textbox", name="Invite link").input_value()
 
 
-def accept(page, link: str) -> None:
-    """Open an invite link as a new person, set the password, land on the keys page."""
+def accept(page, link: str, email: str) -> None:
+    """Open an invite link as a new person: sign up with its address, come back, join."""
     page.goto(link)
+    page.get_by_role("link", name=f"Sign up with {email}").click()
+    assert page.get_by_label("Email").input_value() == email
     page.get_by_role("textbox", name="Password").fill(PASSWORD)
-    page.get_by_role("button", name="Save").click()
+    page.get_by_role("button", name="Sign up").click()
+    page.get_by_role("button", name="Join").click()
     page.get_by_role("heading", name="API keys").wait_for()
 
 
@@ -77,8 +81,8 @@ def test_an_owner_invites_and_each_member_sees_what_their_role_allows(
     owner.screenshot(path=str(artifacts / "org-invite-link.png"), full_page=True)
     member_link = invite(owner, url, member_email, "member")
     admin, member = person(), person()
-    accept(admin, admin_link)
-    accept(member, member_link)
+    accept(admin, admin_link, admin_email)
+    accept(member, member_link, member_email)
 
     member_key = create_key(member, "member laptop")
     assert ask(url, member_key).status_code == 200
@@ -152,8 +156,8 @@ def test_an_admin_sets_a_members_budget_and_an_alert_webhook_logs_its_delivery(
     admin_link = invite(owner, url, admin_email, "admin")
     member_link = invite(owner, url, member_email, "member")
     admin, member = person(), person()
-    accept(admin, admin_link)
-    accept(member, member_link)
+    accept(admin, admin_link, admin_email)
+    accept(member, member_link, member_email)
 
     admin.get_by_role("link", name="Members").click()
     admin.get_by_label(f"Budget of {member_email} (USD)").fill("0.5")

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from app.accounts.models import AccountInvite
+from app.accounts.links import token_digest
+from app.accounts.models import PasswordLink
 from app.database import utcnow
 from app.extensions import db
 from config.settings import ConfigurationError, config_class, settings_from_environment
@@ -20,7 +21,7 @@ def invite(runner, email: str) -> str:
     result = runner.invoke(args=["accounts", "invite", email, "--base-url", "https://gw.test/"])
     assert result.exit_code == 0, result.output
     link = result.output.strip().splitlines()[-1]
-    assert link.startswith("https://gw.test/invite/")
+    assert link.startswith("https://gw.test/password/")
     return link.removeprefix("https://gw.test")
 
 
@@ -51,7 +52,11 @@ def test_an_invite_works_once(app, runner):
 def test_an_invite_expires_after_24_hours(app, runner):
     path = invite(runner, new_email())
     with app.app_context():
-        db.session.execute(update(AccountInvite).values(expires_at=utcnow() - timedelta(seconds=1)))
+        db.session.execute(
+            update(PasswordLink)
+            .where(PasswordLink.token_digest == token_digest(path.rsplit("/", 1)[1]))
+            .values(expires_at=utcnow() - timedelta(seconds=1))
+        )
         db.session.commit()
     assert new_client(app).get(path).status_code == 404
 
@@ -60,7 +65,7 @@ def test_only_the_invite_tokens_digest_is_stored(app, runner):
     path = invite(runner, new_email())
     token = path.rsplit("/", 1)[1]
     with app.app_context():
-        digests = db.session.scalars(db.select(AccountInvite.token_digest)).all()
+        digests = db.session.scalars(db.select(PasswordLink.token_digest)).all()
     assert token not in digests and all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests)
 
 

@@ -6,6 +6,7 @@ is called with the keys they create.
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from app.accounts.models import Change, Membership, Person
+from app.accounts.passwords import hash_password
 from app.auth.keys import digest_key
 from app.auth.models import ApiKey
 from app.extensions import db
@@ -62,17 +64,37 @@ def invite(inviter: FlaskClient, email: str, role: str):
     return post_form(inviter, "/members", "/members", {"email": email, "role": role})
 
 
+def person_in_no_organisation(app, email: str) -> None:
+    """Make a person who signs in with PASSWORD and belongs nowhere (as one who left all)."""
+    with app.app_context():
+        db.session.add(Person(email=email, password_hash=hash_password(PASSWORD)))
+        db.session.commit()
+
+
+def join_from_link(app, link: str, email: str) -> FlaskClient:
+    """Open an invite's link as ``email``: it sends them to sign in; they come back and join."""
+    path = link.removeprefix("http://localhost")
+    client = new_client(app)
+    page = client.get(path).text
+    assert 'name="password"' not in page, "an invite sets no password"
+    sign_in_link = html.unescape(re.search(r'href="(/signin\?next=[^"]+)"', page).group(1))
+    signed_in = post_form(
+        client, sign_in_link, sign_in_link, {"email": email, "password": PASSWORD}
+    )
+    assert signed_in.status_code == 302 and signed_in.headers["Location"] == path
+    assert post_form(client, path, path, {}).status_code == 302
+    client.signed_in_as = email
+    return client
+
+
 def invited(app, inviter: FlaskClient, role: str) -> Member:
-    """Invite a new person, who opens the link and sets a password; return them signed in."""
+    """Invite a person, who signs in from the link and joins; return them signed in."""
     email = new_email()
+    person_in_no_organisation(app, email)
     shown = invite(inviter, email, role)
     assert shown.status_code == 201, shown.text
     link = re.search(r'id="invite-link" value="([^"]+)"', shown.text).group(1)
-    path = link.removeprefix("http://localhost")
-    client = new_client(app)
-    assert "Set your password" in client.get(path).text
-    assert post_form(client, path, path, {"password": PASSWORD}).status_code == 302
-    client.signed_in_as = email
+    client = join_from_link(app, link, email)
     return Member(client, email, member_id_of(inviter, email))
 
 
@@ -293,15 +315,14 @@ def test_an_invite_is_mailed_when_smtp_is_set(app, team, smtp_server, monkeypatc
     received, url = smtp_server
     monkeypatch.setitem(app.config, "SMTP_URL", url)
     email = new_email()
+    person_in_no_organisation(app, email)
     sent = invite(owner.client, email, "member")
     assert sent.status_code == 302, "mailed: the link is not shown"
     assert "invite-link" not in owner.client.get("/members").text
     (message,) = received
     assert message["To"] == email and message["Subject"].startswith("Join ")
     link = re.search(r"(http://localhost/invite/\S+)", message.get_payload()).group(1)
-    client = new_client(app)
-    path = link.removeprefix("http://localhost")
-    assert post_form(client, path, path, {"password": PASSWORD}).status_code == 302
+    client = join_from_link(app, link, email)
     assert client.get("/keys").status_code == 200
 
 
