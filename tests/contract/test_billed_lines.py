@@ -392,3 +392,18 @@ def test_calls_beyond_what_the_hold_covered_are_charged_in_full(
     assert hold.amount < CLAUDE_COST == generation.cost
     assert account.balance == Decimal("5") - CLAUDE_COST
     audit_clean(runner, funded)
+
+
+def test_the_models_list_shows_the_tool_call_and_tier_prices(client):
+    pricing = client.models.retrieve("claude-priced").model_extra["pricing"]
+
+    assert (pricing["cache_write"], pricing["cache_write_1h"]) == (3.75, 6)
+    assert pricing["tool_calls"] == {
+        "web_search": 0.01,
+        "web_fetch": 0.002,
+        "code_execution": 0.03,
+        "container": 0.05,
+    }
+    assert pricing["tiers"] == {"priority": 2}
+    plain = client.models.retrieve("claude-plain").model_extra["pricing"]
+    assert plain["cache_write_1h"] == 3.75 and "tool_calls" not in plain
