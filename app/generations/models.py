@@ -58,7 +58,8 @@ class Generation(db.Model):
     price_cache_write_1h = mapped_column(Money, nullable=False, default=0, server_default="0")
     # The hosted tools' calls the upstream reported, each with its price per call when it
     # ran: {"web_search": {"calls": 2, "price": "0.01"}}; none when no priced tool was called.
-    tool_calls = mapped_column(JSON, nullable=True)
+    # SQL NULL, not JSON null: the audit re-prices in Python only the rows that have some.
+    tool_calls = mapped_column(JSON(none_as_null=True), nullable=True)
     # The service tier it was priced in, and that tier's multiplier of every price.
     service_tier: Mapped[str | None] = mapped_column(String(32))
     tier_multiplier = mapped_column(Money, nullable=False, default=1, server_default=str(10**10))

@@ -8,7 +8,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 
 from app.catalog.pricing import Pricing, cost_of
 from app.credits.ledger import Rollup, hour_of, place_hold, settle_hold
@@ -349,3 +349,16 @@ def test_each_billed_line_charged_otherwise_than_recorded_is_caught(
     assert caught.exit_code == 1, caught.output
     assert f"mismatch: generation {generation_id}: cost $" in caught.output
     assert "but its tokens price at" in caught.output
+
+
+def test_a_generation_without_tool_calls_is_left_to_the_sql_re_pricing(app_context):
+    account, issued = AccountFactory.with_key()
+    plain = settle_billed_lines(account.id, issued.id, tools_and_tier=False)
+    called = settle_billed_lines(account.id, issued.id, tools_and_tier=True)
+
+    # SQL NULL, not JSON's null: only the generation that called tools is read in Python.
+    rows = db.session.execute(
+        text("SELECT id FROM generations WHERE account_id = :a AND tool_calls IS NULL"),
+        {"a": account.id},
+    ).scalars()
+    assert list(rows) == [plain] and called != plain
