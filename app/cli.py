@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 
@@ -393,9 +393,13 @@ def list_keys_command(email: str) -> None:
 
 @catalog_cli.command("list")
 def list_catalog_command() -> None:
-    """List the served models, with prices (USD per million tokens) and routes."""
+    """List the served models, with prices and routes.
+
+    Tokens are priced in USD per million, tool calls in USD per call; tiers multiply them.
+    """
     click.echo(
-        "id\tprompt\tcompletion\tcached_read\timage\tcache_write\tcontext\tcapabilities\troutes"
+        "id\tprompt\tcompletion\tcached_read\timage\tcache_write\tcache_write_1h\t"
+        "tool_calls\ttiers\tcontext\tcapabilities\troutes"
     )
     for model in current_catalog().list():
         p = model.pricing
@@ -405,8 +409,14 @@ def list_catalog_command() -> None:
         )
         click.echo(
             f"{model.id}\t{p.prompt}\t{p.completion}\t{p.cached_read}\t{p.image}\t{p.cache_write}\t"
+            f"{p.cache_write_1h}\t{price_list(p.tool_calls)}\t{price_list(p.tiers)}\t"
             f"{model.context_length}\t{','.join(sorted(model.capabilities)) or '-'}\t{routes}"
         )
+
+
+def price_list(prices: Mapping[str, Decimal]) -> str:
+    """Render a catalog's price table (tool calls, tiers) as ``name=price,...``, or ``-``."""
+    return ",".join(f"{name}={price}" for name, price in sorted(prices.items())) or "-"
 
 
 def route_state(route: Route) -> str:

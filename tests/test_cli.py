@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from app.auth.keys import parse_key
 
@@ -90,8 +91,33 @@ def test_idempotency_key_reused_for_another_amount_is_refused(runner):
 
 def test_catalog_list(runner):
     output = runner.invoke(args=["catalog", "list"]).output
-    assert "dev-chat\t0.50\t1.50\t0.05\t0.25\t0.50\t32768\t" in output
+    # Prices, 1-hour cache writes at the 5-minute price, no tool calls or tiers priced.
+    assert "dev-chat\t0.50\t1.50\t0.05\t0.25\t0.50\t0.50\t-\t-\t32768\t" in output
     assert "dev-hidden" not in output
+
+
+def test_catalog_list_shows_tool_call_and_tier_prices(app, runner, monkeypatch):
+    from app.catalog.registry import build_catalog
+
+    pricing = {
+        "prompt": Decimal(3),
+        "completion": Decimal(15),
+        "cache_write": Decimal("3.75"),
+        "cache_write_1h": Decimal(6),
+        "tool_calls": {"web_search": Decimal("0.01"), "code_execution": Decimal("0.03")},
+        "tiers": {"priority": Decimal(2)},
+    }
+    entry = {"id": "claude", "pricing": pricing, "routes": [{"upstream": "builtin"}]}
+    monkeypatch.setitem(app.extensions, "catalog", build_catalog({"models": [entry]}))
+
+    output = runner.invoke(args=["catalog", "list"]).output
+
+    assert output.splitlines()[0].startswith(
+        "id\tprompt\tcompletion\tcached_read\timage\tcache_write\tcache_write_1h\ttool_calls\ttiers\t"
+    )
+    assert (
+        "claude\t3\t15\t3\t3\t3.75\t6\tcode_execution=0.03,web_search=0.01\tpriority=2\t" in output
+    )
 
 
 def test_demo_setup_prints_its_key_once(runner, app):

@@ -75,6 +75,16 @@ def test_a_broken_catalog_stops_the_app(tmp_path):
         create_app("testing", {"MODEL_CATALOG": str(catalog)})
 
 
+def test_a_malformed_tool_or_tier_price_stops_the_app(tmp_path):
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(
+        '[[models]]\nid = "x"\nroutes = [{ upstream = "builtin" }]\n'
+        "pricing = { prompt = 1, completion = 1, tiers = { priority = -2 } }\n"
+    )
+    with pytest.raises(CatalogError, match=r"models\[0\] \(x\): pricing.tiers.priority must be"):
+        create_app("testing", {"MODEL_CATALOG": str(catalog)})
+
+
 def test_rate_limits_default_per_key_and_can_be_turned_off():
     limited = create_app("testing")
     assert limited.config["RATE_LIMIT"] == "600 per minute"

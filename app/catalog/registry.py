@@ -12,7 +12,7 @@ from typing import Any
 from flask import Flask, current_app
 
 from app.catalog.errors import CatalogError, ModelNotPermitted, UnknownModel
-from app.catalog.pricing import Pricing
+from app.catalog.pricing import PRICED_TOOLS, Pricing
 from app.providers import ADAPTERS
 from app.providers.base import (
     REASONING_EFFORTS,
@@ -235,12 +235,42 @@ def _build_pricing(pricing: Any, where: str) -> Pricing:
         if required not in pricing:
             raise CatalogError(f"{where}: pricing.{required} is required")
     prices = {}
-    for kind in ("prompt", "completion", "cached_read", "image", "cache_write"):
-        raw = pricing.get(kind, pricing["prompt"])
-        if isinstance(raw, bool) or not isinstance(raw, int | Decimal) or raw < 0:
-            raise CatalogError(f"{where}: pricing.{kind} must be a non-negative number")
-        prices[kind] = Decimal(raw)
-    return Pricing(**prices)
+    for kind in ("prompt", "completion", "cached_read", "image", "cache_write", "cache_write_1h"):
+        # Each defaults as operations.md says: cache_write_1h to cache_write, the rest to prompt.
+        default = prices.get("cache_write") if kind == "cache_write_1h" else pricing["prompt"]
+        prices[kind] = _price(pricing.get(kind, default), f"{where}: pricing.{kind}")
+    return Pricing(
+        **prices,
+        tool_calls=_price_table(pricing, "tool_calls", where, names=PRICED_TOOLS),
+        tiers=_price_table(pricing, "tiers", where),
+    )
+
+
+def _price(raw: Any, where: str, *, positive: bool = False) -> Decimal:
+    if isinstance(raw, bool) or not isinstance(raw, int | Decimal) or raw < 0:
+        raise CatalogError(f"{where} must be a non-negative number")
+    if positive and raw == 0:
+        raise CatalogError(f"{where} must be a positive number")
+    return Decimal(raw)
+
+
+def _price_table(
+    pricing: Mapping[str, Any], key: str, where: str, *, names: frozenset[str] | None = None
+) -> dict[str, Decimal]:
+    """Return ``pricing.tool_calls`` (USD per call) or ``pricing.tiers`` (multipliers)."""
+    table = pricing.get(key, {})
+    if not isinstance(table, Mapping):
+        raise CatalogError(f"{where}: pricing.{key} must be a table, as {{ name = number }}")
+    if names is not None and (unknown := set(table) - names):
+        raise CatalogError(
+            f"{where}: pricing.{key} names unknown tools {sorted(unknown)}; "
+            f"the priced tools are {', '.join(sorted(names))}"
+        )
+    # A tier's multiplier of 0 would serve it free: a typo more likely than a price.
+    return {
+        name: _price(value, f"{where}: pricing.{key}.{name}", positive=key == "tiers")
+        for name, value in table.items()
+    }
 
 
 def _reasoning_effort(entry: Mapping[str, Any], where: str) -> str | None:

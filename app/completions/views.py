@@ -16,6 +16,7 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
+from app.generations.refusals import forwarded_surcharges
 from app.request_body import json_body
 from app.sse import event_stream_response
 
@@ -36,6 +37,7 @@ def create_chat_completion() -> Response:
         request=chat_request,
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=claimed_generation_id(),
+        surcharges=forwarded_surcharges(chat_request, model),
     )
     if chat_request.stream:
         chunks = chunk_bodies(generation, stream_generation(generation))

@@ -9,7 +9,8 @@ mismatch keeps its checkpoint, so that the mismatch is reported again until it i
 ``full`` re-checks everything, whatever the checkpoints say.
 
 The generations are re-priced in SQL, and only those it finds charged otherwise than at
-their prices (or short, or estimated) are read and re-priced in Python, which words the
+their prices (or short, or estimated, or with lines SQL does not price: hosted tool calls,
+a tier's multiplier other than 1) are read and re-priced in Python, which words the
 report: an audit reads what changed since its checkpoint, not the whole history. Rows
 changed in place after they were checked are found by a full audit.
 """
@@ -39,22 +40,38 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
-from app.catalog.pricing import Pricing, cost_of
+from app.catalog.pricing import cost_of
 from app.credits.budget_audit import budget_mismatches
 from app.credits.ledger import hour_of
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.database import utcnow, write_transaction
 from app.extensions import db
+from app.generations.lifecycle import recorded_usage
 from app.generations.models import INTERRUPTED, AuditCheckpoint, Generation
 from app.generations.rollups import rollup_mismatches
 from app.money import UNITS_PER_USD
-from app.providers.base import Usage
 
 # A row written this long before an audit began is committed by the time it reads: a
 # checkpoint covers only such rows, so that none still being written is passed over.
 SETTLING = timedelta(hours=1)
 # Accounts checked per query.
 CHUNK = 500
+# The columns of a generation that say what it used and what each line was priced at.
+RECORDED_PRICING = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "prompt_image_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "tool_calls",
+    "price_prompt",
+    "price_completion",
+    "price_cached_read",
+    "price_image",
+    "price_cache_write",
+    "price_cache_write_1h",
+)
 
 
 @dataclass(frozen=True)
@@ -223,12 +240,13 @@ def priced_in_sql() -> Any:
     to_money rounds the exact sum (all of it is positive).
     """
     # Token counts are 32-bit columns: their sums and products are taken in 64 bits.
-    prompt, cached, cache_write, image, completion = (
+    prompt, cached, cache_write, cache_write_1h, image, completion = (
         cast(column, BigInteger)
         for column in (
             Generation.prompt_tokens,
             Generation.cached_tokens,
             Generation.cache_write_tokens,
+            Generation.cache_write_1h_tokens,
             Generation.prompt_image_tokens,
             Generation.completion_tokens,
         )
@@ -237,7 +255,8 @@ def priced_in_sql() -> Any:
     terms = (
         (case((plain > 0, plain), else_=0), Generation.price_prompt),
         (cached, Generation.price_cached_read),
-        (cache_write, Generation.price_cache_write),
+        (cache_write - cache_write_1h, Generation.price_cache_write),
+        (cache_write_1h, Generation.price_cache_write_1h),
         (image, Generation.price_image),
         (completion, Generation.price_completion),
     )
@@ -264,6 +283,9 @@ def _generation_mismatches(scope: _Scope) -> tuple[list[Mismatch], int]:
     suspect = or_(
         Generation.status == INTERRUPTED,
         _units(Generation.shortfall) != 0,
+        # Tool calls (JSON) and a tier's multiplier are priced in Python alone.
+        Generation.tool_calls.is_not(None),
+        _units(Generation.tier_multiplier) != UNITS_PER_USD,
         _units(Generation.cost) != priced_in_sql(),
         _units(Generation.cost) != charged,
     )
@@ -290,22 +312,10 @@ def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[M
             "tokens, as its stream last recorded: its worker stopped before the stream ended",
             account_id,
         )
-    priced = cost_of(
-        Usage(
-            prompt_tokens=generation.prompt_tokens,
-            completion_tokens=generation.completion_tokens,
-            cached_tokens=generation.cached_tokens,
-            prompt_image_tokens=generation.prompt_image_tokens,
-            cache_write_tokens=generation.cache_write_tokens,
-        ),
-        Pricing(
-            prompt=generation.price_prompt,
-            completion=generation.price_completion,
-            cached_read=generation.price_cached_read,
-            image=generation.price_image,
-            cache_write=generation.price_cache_write,
-        ),
+    usage, pricing = recorded_usage(
+        {column: getattr(generation, column) for column in RECORDED_PRICING}
     )
+    priced = cost_of(usage, pricing, generation.tier_multiplier)
     if generation.shortfall and generation.cost + generation.shortfall == priced:
         problem = (
             f"priced at ${priced:f}, charged ${generation.cost:f}: ${generation.shortfall:f} unpaid"

@@ -39,6 +39,14 @@ class OutputLimitExceeded(APIError):
     code = "invalid_value"
 
 
+class UnpricedSurcharge(APIError):
+    """A service tier or hosted tool the model's catalog entry does not price was asked for."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "unsupported_parameter"
+
+
 class GenerationNotFound(APIError):
     """No generation of the caller's account has the id asked for (404)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -18,7 +18,14 @@ from typing import Any
 from sqlalchemy import insert
 
 from app.auth.keys import Caller
-from app.catalog.pricing import Pricing, cost_of, worst_case_cost
+from app.catalog.pricing import (
+    NO_SURCHARGES,
+    ONE,
+    Pricing,
+    Surcharges,
+    cost_of,
+    worst_case_cost,
+)
 from app.catalog.registry import Model
 from app.credits.ledger import (
     BudgetShortfall,
@@ -35,6 +42,7 @@ from app.generations.metering import Meter, Outcome, RelayMeter, StreamMeter
 from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
 from app.generations.refusals import (
+    check_surcharges,
     fit_request_to_model,
     insufficient_credits,
     prompt_tokens_within_context,
@@ -86,6 +94,8 @@ class Generation:
     meter: Meter | None = None
     # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES).
     api: str = CHAT
+    # What it asked for that is billed beyond tokens: a service tier, hosted tools.
+    surcharges: Surcharges = NO_SURCHARGES
 
 
 def start_generation(
@@ -96,8 +106,12 @@ def start_generation(
     hold_ttl_seconds: int,
     generation_id: str | None = None,
     api: str = CHAT,
+    surcharges: Surcharges = NO_SURCHARGES,
 ) -> Generation:
     """Fit the request to the model and hold its worst-case cost, under the generation's id.
+
+    ``surcharges`` is what the request asks for that is billed beyond its tokens (its
+    service tier, its hosted tools): each must be priced, and the hold covers it.
 
     ``generation_id`` is given when it was chosen before (an Idempotency-Key's claim
     names the generation it runs); otherwise a new one is made.
@@ -108,22 +122,26 @@ def start_generation(
     fits is never refused.
 
     :raise UnsupportedContent, ContextLengthExceeded, OutputLimitExceeded: 400.
+    :raise UnpricedSurcharge: a tier or hosted tool the catalog does not price (400).
     :raise InsufficientCredits: the available balance cannot cover the worst case.
     :raise KeyRevoked, InvalidKey: the key changed since its caller was found (place_hold).
     """
     request = fit_request_to_model(request, model)
+    check_surcharges(surcharges, model)
     route = model.routes[0]
     prompt_tokens, exact = route.adapter.prompt_token_bound(request, route.target), False
     if prompt_tokens > model.context_length:
         prompt_tokens, exact = prompt_tokens_within_context(request, model), True
     generation_id = generation_id or new_generation_id()
-    hold = HoldTerms(caller, generation_id, hold_ttl_seconds)
+    hold = HoldTerms(caller, generation_id, hold_ttl_seconds, surcharges)
     held = _hold_worst_case(hold, model, request, prompt_tokens)
     if isinstance(held, Shortfall | BudgetShortfall) and not exact:
         prompt_tokens, exact = route.adapter.count_prompt_tokens(request, route.target), True
         held = _hold_worst_case(hold, model, request, prompt_tokens)
     if isinstance(held, Shortfall | BudgetShortfall):
-        raise insufficient_credits(held, model=model, request=request, prompt_tokens=prompt_tokens)
+        raise insufficient_credits(
+            held, model=model, request=request, prompt_tokens=prompt_tokens, surcharges=surcharges
+        )
     generation = Generation(
         id=generation_id,
         caller=caller,
@@ -133,6 +151,7 @@ def start_generation(
         prompt_tokens=prompt_tokens,
         prompt_tokens_exact=exact,
         api=api,
+        surcharges=surcharges,
     )
     live_holds.track(held.id, generation)
     return generation
@@ -155,6 +174,7 @@ class HoldTerms:
     caller: Caller
     hold_id: str
     ttl_seconds: int
+    surcharges: Surcharges = NO_SURCHARGES
 
 
 def new_generation_id() -> str:
@@ -169,7 +189,10 @@ def _hold_worst_case(
         request.choice_count
     )
     worst = worst_case_cost(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=model.pricing
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        pricing=model.pricing,
+        surcharges=terms.surcharges,
     )
     return place_hold(
         account_id=terms.caller.account_id,
@@ -341,10 +364,10 @@ def finish_generation(
     generation: Generation, *, usage: Usage, status: str, finish_reason: str | None
 ) -> Decimal:
     """Charge the actual cost and write the generation record, once; return the charge."""
-    if usage.total_tokens == 0:
+    if usage.total_tokens == 0 and not usage.tool_calls:
         usage = Usage()
-    cost = cost_of(usage, generation.model.pricing)
     record = generation_record(generation, usage, status, finish_reason)
+    cost = cost_of(usage, generation.model.pricing, record[1]["tier_multiplier"])
     charged = settle_hold(
         generation.hold,
         cost=cost,
@@ -370,6 +393,7 @@ def generation_record(
 ) -> BoundStatement:
     """Return the INSERT of the generation's record; the ledger fills in its cost."""
     pricing = generation.model.pricing
+    tier, multiplier = priced_tier(usage.service_tier, generation.surcharges.tier, pricing)
     return INSERT_GENERATION, {
         "id": generation.id,
         "account_id": generation.caller.account_id,
@@ -382,11 +406,16 @@ def generation_record(
         "prompt_image_tokens": usage.prompt_image_tokens,
         "reasoning_tokens": usage.reasoning_tokens,
         "cache_write_tokens": usage.cache_write_tokens,
+        "cache_write_1h_tokens": usage.cache_write_1h_tokens,
+        "tool_calls": priced_calls(usage.tool_calls, pricing) if usage.tool_calls else None,
+        "service_tier": tier,
+        "tier_multiplier": multiplier,
         "price_prompt": pricing.prompt,
         "price_completion": pricing.completion,
         "price_cached_read": pricing.cached_read,
         "price_image": pricing.image,
         "price_cache_write": pricing.cache_write,
+        "price_cache_write_1h": pricing.cache_write_1h,
         "status": status,
         "finish_reason": finish_reason,
         "streamed": generation.request.stream,
@@ -406,7 +435,37 @@ _PRICES = (
     "price_cached_read",
     "price_image",
     "price_cache_write",
+    "price_cache_write_1h",
+    "tier_multiplier",
 )
+
+
+def priced_tier(
+    reported: str | None, requested: str | None, pricing: Pricing
+) -> tuple[str | None, Decimal]:
+    """Return the tier a generation is priced in, and its multiplier of every price.
+
+    The tier the upstream says it served in, when it says one the catalog prices; else
+    the one the request asked for (which the catalog prices: it was checked before).
+    """
+    for tier in (reported, requested):
+        if tier is not None and (multiplier := pricing.tier_multiplier(tier)) is not None:
+            return tier, multiplier
+    return None, ONE
+
+
+def priced_calls(calls: Mapping[str, int], pricing: Pricing) -> dict[str, dict[str, Any]]:
+    """Return the hosted tools' calls with each tool's price per call, as the record keeps them.
+
+    A tool the catalog does not price was not asked for (it is refused): its calls, if an
+    upstream reports some, are recorded at 0.
+    """
+    prices = pricing.tool_calls
+    return {
+        tool: {"calls": count, "price": str(prices.get(tool, 0))}
+        for tool, count in sorted(calls.items())
+        if count
+    }
 
 
 def progress_of(generation: Generation) -> dict[str, Any] | None:
@@ -435,24 +494,43 @@ def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
 
     The record says the generation was interrupted, its usage estimated.
     """
-    record = {**progress, "created_at": datetime.fromisoformat(progress["created_at"])}
-    record.update({name: Decimal(progress[name]) for name in _PRICES})
+    # Progress recorded before 1-hour cache writes and tiers were priced names neither.
+    earlier = {"price_cache_write_1h": progress["price_cache_write"], "tier_multiplier": "1"}
+    record = {**earlier, **progress, "created_at": datetime.fromisoformat(progress["created_at"])}
+    record.update({name: Decimal(record[name]) for name in _PRICES})
     record.update(id=hold.id, account_id=hold.account_id, api_key_id=hold.key_id)
+    usage, pricing = recorded_usage(record)
+    return settle_hold(
+        hold,
+        cost=cost_of(usage, pricing, record["tier_multiplier"]),
+        generation_id=hold.id,
+        record=(INSERT_GENERATION, record),
+        rollup=rollup_of(record),
+    )
+
+
+def recorded_usage(record: Mapping[str, Any]) -> tuple[Usage, Pricing]:
+    """Return the usage and prices a generation's record (or its row) says it was charged."""
+    calls = record.get("tool_calls") or {}
     usage = Usage(
         prompt_tokens=record["prompt_tokens"],
         completion_tokens=record["completion_tokens"],
         cached_tokens=record["cached_tokens"],
         prompt_image_tokens=record["prompt_image_tokens"],
         cache_write_tokens=record["cache_write_tokens"],
+        cache_write_1h_tokens=record.get("cache_write_1h_tokens") or 0,
+        tool_calls={tool: line["calls"] for tool, line in calls.items()},
     )
-    pricing = Pricing(*(record[name] for name in _PRICES))
-    return settle_hold(
-        hold,
-        cost=cost_of(usage, pricing),
-        generation_id=hold.id,
-        record=(INSERT_GENERATION, record),
-        rollup=rollup_of(record),
+    pricing = Pricing(
+        prompt=record["price_prompt"],
+        completion=record["price_completion"],
+        cached_read=record["price_cached_read"],
+        image=record["price_image"],
+        cache_write=record["price_cache_write"],
+        cache_write_1h=record["price_cache_write_1h"],
+        tool_calls={tool: Decimal(line["price"]) for tool, line in calls.items()},
     )
+    return usage, pricing
 
 
 def rollup_of(row: dict[str, Any]) -> Rollup:

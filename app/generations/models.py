@@ -42,6 +42,8 @@ class Generation(db.Model):
     reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0)
     # Prompt tokens written to the upstream's prompt cache (part of prompt_tokens).
     cache_write_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Of them, the tokens written with a 1-hour TTL (the rest had 5 minutes).
+    cache_write_1h_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cost = mapped_column(Money, nullable=False, default=0)
     # What the usage priced at beyond what could be charged (the balance or the key's
     # monthly limit ran out); cost + shortfall is always the usage's price.
@@ -53,6 +55,14 @@ class Generation(db.Model):
     price_cached_read = mapped_column(Money, nullable=False, default=0)
     price_image = mapped_column(Money, nullable=False, default=0)
     price_cache_write = mapped_column(Money, nullable=False, default=0, server_default="0")
+    price_cache_write_1h = mapped_column(Money, nullable=False, default=0, server_default="0")
+    # The hosted tools' calls the upstream reported, each with its price per call when it
+    # ran: {"web_search": {"calls": 2, "price": "0.01"}}; none when no priced tool was called.
+    # SQL NULL, not JSON null: the audit re-prices in Python only the rows that have some.
+    tool_calls = mapped_column(JSON(none_as_null=True), nullable=True)
+    # The service tier it was priced in, and that tier's multiplier of every price.
+    service_tier: Mapped[str | None] = mapped_column(String(32))
+    tier_multiplier = mapped_column(Money, nullable=False, default=1, server_default=str(10**10))
     status: Mapped[str] = mapped_column(String(16))
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     streamed: Mapped[bool] = mapped_column(default=False)

@@ -9,11 +9,16 @@ from dataclasses import replace
 from decimal import Decimal
 
 from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
-from app.catalog.pricing import affordable_completion_tokens
+from app.catalog.pricing import NO_SURCHARGES, Surcharges, affordable_completion_tokens
 from app.catalog.registry import Model
 from app.credits.errors import InsufficientCredits
 from app.credits.ledger import KEY_BUDGET, BudgetShortfall, Shortfall
-from app.generations.errors import ContextLengthExceeded, OutputLimitExceeded, UnsupportedContent
+from app.generations.errors import (
+    ContextLengthExceeded,
+    OutputLimitExceeded,
+    UnpricedSurcharge,
+    UnsupportedContent,
+)
 from app.providers.base import ChatRequest
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -58,6 +63,40 @@ def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
     return request
 
 
+def forwarded_surcharges(request: ChatRequest, model: Model) -> Surcharges:
+    """Return the service tier a chat request asks for, when its model's routes forward it.
+
+    ``service_tier`` is no field of the contract: it reaches an upstream only as an extra
+    parameter that the model's catalog entry lets through.
+    """
+    tier = request.extra.get("service_tier")
+    if type(tier) is not str or not any(
+        "service_tier" in route.target.extra_params for route in model.routes
+    ):
+        return NO_SURCHARGES
+    return Surcharges(tier=tier)
+
+
+def check_surcharges(surcharges: Surcharges, model: Model) -> None:
+    """Refuse a service tier or hosted tool that the model's catalog entry does not price."""
+    pricing = model.pricing
+    if pricing.tier_multiplier(surcharges.tier) is None:
+        priced = ", ".join(sorted(pricing.tiers)) or "none beyond the default"
+        raise UnpricedSurcharge(
+            f"service_tier {surcharges.tier!r} is not offered for model '{model.id}' "
+            f"(its priced tiers: {priced}).",
+            param="service_tier",
+        )
+    for tool in surcharges.tool_calls:
+        if tool not in pricing.tool_calls:
+            priced = ", ".join(sorted(pricing.tool_calls)) or "none"
+            raise UnpricedSurcharge(
+                f"The hosted tool {tool!r} is not offered for model '{model.id}' "
+                f"(its priced tools: {priced}).",
+                param="tools",
+            )
+
+
 def _refuse_images(request: ChatRequest, model: Model) -> None:
     for i, message in enumerate(request.messages):
         content = message.get("content")
@@ -77,11 +116,15 @@ def insufficient_credits(
     model: Model,
     request: ChatRequest,
     prompt_tokens: int,
+    surcharges: Surcharges = NO_SURCHARGES,
 ) -> InsufficientCredits:
     """Explain a refused hold, with the largest max_tokens the balance (or key) would cover."""
     affordable = (
         affordable_completion_tokens(
-            budget=shortfall.available, prompt_tokens=prompt_tokens, pricing=model.pricing
+            budget=shortfall.available,
+            prompt_tokens=prompt_tokens,
+            pricing=model.pricing,
+            surcharges=surcharges,
         )
         // request.choice_count
     )

@@ -39,6 +39,10 @@ def usage_body(usage: Usage, cost: Decimal | None = None) -> dict[str, Any]:
         "output_tokens": usage.completion_tokens,
         "cache_creation_input_tokens": usage.cache_write_tokens,
         "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": usage.cache_write_tokens - usage.cache_write_1h_tokens,
+            "ephemeral_1h_input_tokens": usage.cache_write_1h_tokens,
+        },
         "output_tokens_details": {"thinking_tokens": usage.reasoning_tokens},
     }
     if cost is not None:

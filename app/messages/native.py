@@ -12,15 +12,23 @@ gets the cost, and ``message_stop``), which wait for the settlement.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
+from app.catalog.pricing import Surcharges, calls_held
 from app.generations.lifecycle import Generation, StreamEnd
 from app.generations.metering import DeliveryMeter, Outcome
 from app.generations.models import MESSAGES
 from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING
-from app.providers.anthropic import FINISH_REASONS, usage_from
+from app.providers.anthropic import (
+    FINISH_REASONS,
+    called_tool,
+    counted_calls,
+    kept_usage,
+    usage_from,
+)
 from app.providers.base import NativeCall, Usage
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import EventBuilder, json_object
@@ -36,6 +44,36 @@ DELTA_TEXTS = {
 }
 # Anthropic's smallest thinking budget; a capped budget never goes below it.
 MIN_THINKING_BUDGET = 1024
+# Server tools billed per call, by their type without its version date
+# (``web_search_20250305``), and the priced tool each is.
+SERVER_TOOLS = {
+    "web_search": "web_search",
+    "web_fetch": "web_fetch",
+    "code_execution": "code_execution",
+    "mcp_toolset": "mcp",
+}
+VERSION_DATE = re.compile(r"_\d{8}$")
+
+
+def surcharges_of(body: dict[str, Any]) -> Surcharges:
+    """Return what a Messages request passed through asks for that is billed beyond tokens.
+
+    Its ``service_tier``; each server tool it offers, held at its ``max_uses``; MCP
+    servers (``mcp_servers``) and a container (``container``, or the code execution
+    tool, which runs in one) held at one container per answer.
+    """
+    calls: dict[str, int] = {}
+    for tool in body.get("tools") if type(body.get("tools")) is list else ():
+        kind = tool.get("type") if type(tool) is dict else None
+        priced = SERVER_TOOLS.get(VERSION_DATE.sub("", kind)) if type(kind) is str else None
+        if priced is not None:
+            calls[priced] = calls.get(priced, 0) + calls_held(tool.get("max_uses"))
+    if body.get("mcp_servers"):
+        calls.setdefault("mcp", calls_held(None))
+    if body.get("container") or "code_execution" in calls:
+        calls["container"] = 1
+    tier = body.get("service_tier")
+    return Surcharges(tier=tier if type(tier) is str else None, tool_calls=calls)
 
 
 def native_call(
@@ -60,12 +98,18 @@ def capped_thinking(thinking: Any, max_tokens: int) -> Any:
 
 
 def whole_outcome(response: dict[str, Any]) -> Outcome:
-    """Return a whole Message's usage (cache reads and writes in the prompt), and why it stopped."""
+    """Return a whole Message's usage (cache reads and writes in the prompt), and why it stopped.
+
+    The server tools it called are those its usage counts and its blocks show.
+    """
     usage = response.get("usage")
     if type(usage) is not dict:
         raise UpstreamError("The model's upstream answered without its usage.")
     reason = response.get("stop_reason")
-    return Outcome(usage_from(usage), FINISH_REASONS.get(reason, "stop") if reason else None)
+    calls = counted_calls(response.get("content"), response.get("container"))
+    return Outcome(
+        usage_from(usage, counted=calls), FINISH_REASONS.get(reason, "stop") if reason else None
+    )
 
 
 def answered(
@@ -96,6 +140,8 @@ class RelayedStream(DeliveryMeter):
         self.kept_back: list[dict[str, Any]] = []
         # message_start's usage, updated by message_delta's (its output is a running total).
         self.counts: dict[str, Any] = {}
+        # The server tools' calls its blocks show (see counted_calls).
+        self.calls: dict[str, int] = {}
         # The upstream's error event, framed as it came, kept back for the end.
         self.error_frame = b""
 
@@ -115,8 +161,11 @@ class RelayedStream(DeliveryMeter):
             message = answered(payload["message"], self.generation)
             self.completed.append(typed_event({**payload, "message": message}))
         elif kind == "message_delta" or self.kept_back:
+            delta = payload.get("delta") if type(payload.get("delta")) is dict else {}
+            if type(delta.get("container")) is dict:
+                self.calls["container"] = 1
             self.take_usage(payload.get("usage"))
-            reason = (payload.get("delta") or {}).get("stop_reason")
+            reason = delta.get("stop_reason")
             if reason:
                 self.finish_reason = FINISH_REASONS.get(reason, "stop")
             self.kept_back.append(payload)
@@ -126,8 +175,16 @@ class RelayedStream(DeliveryMeter):
         else:
             # Every other event goes on as the upstream wrote it.
             self.completed.append(written_event(name, data.encode()))
+            if kind == "content_block_start":
+                self.count_call(payload.get("content_block"))
             return self.delivered_text(payload)
         return False
+
+    def count_call(self, block: Any) -> None:
+        """Count a block that calls a server tool whose calls the usage does not count."""
+        if tool := called_tool(block):
+            self.calls[tool] = self.calls.get(tool, 0) + 1
+            self.usage = usage_from(self.counts, counted=self.calls)
 
     def delivered_text(self, payload: dict[str, Any]) -> bool:
         """Hand a content delta's generated text to the meter; return whether it had some."""
@@ -142,8 +199,8 @@ class RelayedStream(DeliveryMeter):
     def take_usage(self, usage: Any) -> None:
         """Keep the counts of a usage object; the upstream's usage is complete at the end."""
         if type(usage) is dict:
-            self.counts.update((key, value) for key, value in usage.items() if type(value) is int)
-            self.usage = usage_from(self.counts)
+            self.counts.update(kept_usage(usage))
+            self.usage = usage_from(self.counts, counted=self.calls)
 
     def final_usage(self) -> Usage:
         """Return the usage to bill: the upstream's once its message_delta came, else counted.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
+from app.catalog.pricing import NO_SURCHARGES
 from app.catalog.registry import current_catalog
 from app.encoding import dumps
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
@@ -20,7 +21,13 @@ from app.generations.lifecycle import (
 )
 from app.generations.models import MESSAGES
 from app.messages.bodies import MESSAGES_FRAMING, new_message_id
-from app.messages.native import RelayedStream, answered, native_call, whole_outcome
+from app.messages.native import (
+    RelayedStream,
+    answered,
+    native_call,
+    surcharges_of,
+    whole_outcome,
+)
 from app.messages.schemas import parse_count_tokens_request, parse_messages_request
 from app.messages.translation import (
     StreamTranslation,
@@ -43,6 +50,7 @@ def create_message() -> Response:
     body = json_body(request)
     messages_request = parse_messages_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
+    passed_through = bool(native_routes(model, MESSAGES))
     generation = start_generation(
         caller=g.caller,
         model=model,
@@ -50,8 +58,10 @@ def create_message() -> Response:
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=claimed_generation_id() or new_message_id(),
         api=MESSAGES,
+        # A translated route is sent neither server tools nor a tier: nothing to bill.
+        surcharges=surcharges_of(body) if passed_through else NO_SURCHARGES,
     )
-    if native_routes(model, MESSAGES):
+    if passed_through:
         return relayed_message(generation, body, stream=messages_request.stream)
     omitted = thinking_omitted(messages_request)
     if messages_request.stream:

@@ -11,7 +11,7 @@ cache reads, and stop reasons as finish reasons; a stream's events become OpenAI
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from app.encoding import dumps, loads
@@ -54,6 +54,12 @@ FINISH_REASONS = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
+# The server tools' calls Anthropic's usage counts (``server_tool_use``), by their priced name.
+REPORTED_CALLS = {"web_search_requests": "web_search", "web_fetch_requests": "web_fetch"}
+# The code execution tool's calls, which the usage does not count: their blocks are.
+CODE_EXECUTION_TOOLS = frozenset(
+    {"code_execution", "bash_code_execution", "text_editor_code_execution"}
+)
 # Thinking tokens per effort. The API takes no less than 1024, and wants the budget below
 # max_tokens; at most three quarters of it, so that the answer keeps room of its own.
 THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576}
@@ -249,18 +255,73 @@ def sampling_options(body: dict[str, Any], params: dict[str, Any], budget: int |
         body["top_p"] = params["top_p"]
 
 
-def usage_from(raw: dict[str, Any], reasoning_tokens: int = 0) -> Usage:
-    """Read Anthropic usage: the prompt is input plus cache reads and cache writes."""
+def usage_from(
+    raw: dict[str, Any], reasoning_tokens: int = 0, counted: Mapping[str, int] | None = None
+) -> Usage:
+    """Read Anthropic usage: the prompt is input plus cache reads and cache writes.
+
+    Cache writes are split by TTL (``cache_creation``; all of them 5-minute ones without
+    it); the server tools' calls are those the usage counts (``server_tool_use``) and
+    those ``counted`` from the answer's blocks (``counted_calls``); the tier is the one
+    the usage names.
+    """
     cache_read = as_count(raw.get("cache_read_input_tokens"))
     cache_write = as_count(raw.get("cache_creation_input_tokens"))
+    by_ttl = raw.get("cache_creation")
+    one_hour = as_count(by_ttl.get("ephemeral_1h_input_tokens")) if type(by_ttl) is dict else 0
+    if one_hour:
+        cache_write = max(cache_write, one_hour + as_count(by_ttl.get("ephemeral_5m_input_tokens")))
     output = as_count(raw.get("output_tokens"))
+    tier = raw.get("service_tier")
     return Usage(
         prompt_tokens=as_count(raw.get("input_tokens")) + cache_read + cache_write,
         completion_tokens=output,
         cached_tokens=cache_read,
         cache_write_tokens=cache_write,
         reasoning_tokens=min(reasoning_tokens, output),
+        cache_write_1h_tokens=one_hour,
+        tool_calls=server_tool_calls(raw.get("server_tool_use"), counted),
+        service_tier=tier if type(tier) is str else None,
     )
+
+
+def kept_usage(usage: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Yield what a stream's usage object says: counts, their breakdowns, the tier.
+
+    Each event's usage holds running totals: a later one replaces what it names.
+    """
+    for key, value in usage.items():
+        if type(value) is int or type(value) is dict or key == "service_tier":
+            yield key, value
+
+
+def server_tool_calls(reported: Any, counted: Mapping[str, int] | None) -> dict[str, int] | None:
+    """Return the server tools' calls: those the usage reports, and those ``counted``."""
+    calls = dict(counted or ())
+    if type(reported) is dict:
+        for key, tool in REPORTED_CALLS.items():
+            if count := as_count(reported.get(key)):
+                calls[tool] = calls.get(tool, 0) + count
+    return calls or None
+
+
+def called_tool(block: Any) -> str | None:
+    """Return the priced tool a content block is a call of, for tools the usage does not count."""
+    if type(block) is not dict:
+        return None
+    kind = block.get("type")
+    if kind == "server_tool_use" and block.get("name") in CODE_EXECUTION_TOOLS:
+        return "code_execution"
+    return "mcp" if kind == "mcp_tool_use" else None
+
+
+def counted_calls(blocks: Any, container: Any = None) -> dict[str, int]:
+    """Count the calls of an answer's blocks (``called_tool``), and the container it used."""
+    calls: dict[str, int] = {"container": 1} if type(container) is dict else {}
+    for block in blocks if type(blocks) is list else ():
+        if tool := called_tool(block):
+            calls[tool] = calls.get(tool, 0) + 1
+    return calls
 
 
 def reported_reasoning_tokens(raw: dict[str, Any]) -> int | None:
@@ -328,6 +389,8 @@ class StreamTranslation:
     def __init__(self, fingerprint: str) -> None:
         self.fingerprint = fingerprint
         self.usage: dict[str, Any] = {}
+        # The server tools' calls counted from the blocks (see counted_calls).
+        self.calls: dict[str, int] = {}
         self.tool_indexes: dict[int, int] = {}
         self.thinking: list[str] = []
         self.finished = False
@@ -369,26 +432,33 @@ class StreamTranslation:
             chunk.usage = usage_from(self.usage)
             return chunk
         if kind == "content_block_start":
-            return self.block_start(payload.get("index", 0), payload.get("content_block") or {})
+            block = payload.get("content_block") or {}
+            if tool := called_tool(block):
+                self.calls[tool] = self.calls.get(tool, 0) + 1
+            return self.block_start(payload.get("index", 0), block)
         if kind == "content_block_delta":
             return self.block_delta(payload.get("index", 0), payload.get("delta") or {})
         if kind == "message_delta":
-            self.take_usage(payload.get("usage"))
-            delta = payload.get("delta") or {}
-            if not (reason := delta.get("stop_reason")):
-                return None
-            chunk = delta_chunk({}, FINISH_REASONS.get(reason, "stop"))
-            chunk.stop_sequence = matched_stop(delta)
-            return chunk
+            return self.message_delta(payload)
         self.finished = self.finished or kind == "message_stop"
         return None
+
+    def message_delta(self, payload: dict[str, Any]) -> Chunk | None:
+        """Take the answer's final usage and container; its stop reason finishes the choice."""
+        self.take_usage(payload.get("usage"))
+        delta = payload.get("delta") or {}
+        if type(delta.get("container")) is dict:
+            self.calls["container"] = 1
+        if not (reason := delta.get("stop_reason")):
+            return None
+        chunk = delta_chunk({}, FINISH_REASONS.get(reason, "stop"))
+        chunk.stop_sequence = matched_stop(delta)
+        return chunk
 
     def take_usage(self, usage: Any) -> None:
         """Keep the counts of a usage object; message_delta's output_tokens is a running total."""
         if isinstance(usage, dict):
-            self.usage.update(
-                (k, v) for k, v in usage.items() if type(v) is int or k.endswith("details")
-            )
+            self.usage.update(kept_usage(usage))
 
     def block_start(self, index: int, block: dict[str, Any]) -> Chunk | None:
         """Open a content block: a tool call announces its id and name."""
@@ -495,7 +565,9 @@ class AnthropicAdapter(HttpUpstreamAdapter):
         }
         return Completion(
             choices=[choice],
-            usage=usage_from(raw_usage, reasoning),
+            usage=usage_from(
+                raw_usage, reasoning, counted_calls(body.get("content"), body.get("container"))
+            ),
             system_fingerprint=self.fingerprint(target),
             stop_sequence=matched_stop(body),
         )
@@ -529,7 +601,7 @@ class AnthropicAdapter(HttpUpstreamAdapter):
         reasoning = reported_reasoning_tokens(translation.usage)
         if reasoning is None:
             reasoning = self.count_text_tokens("".join(translation.thinking), target)
-        return usage_from(translation.usage, reasoning)
+        return usage_from(translation.usage, reasoning, translation.calls)
 
     def fingerprint(self, target: RouteTarget) -> str:
         """Return the system_fingerprint of this model's answers: Anthropic sends none."""

@@ -51,9 +51,13 @@ class Usage:
     """Token counts of one generation, summed over its choices.
 
     ``prompt_tokens`` includes ``cached_tokens`` (read from a prompt cache),
-    ``cache_write_tokens`` (written to one, as Anthropic reports) and ``prompt_image_tokens``;
-    ``completion_tokens`` includes ``reasoning_tokens`` and ``completion_image_tokens``.
-    ``estimated`` is true when the gateway counted the tokens itself.
+    ``cache_write_tokens`` (written to one, as Anthropic reports; of them
+    ``cache_write_1h_tokens`` with a 1-hour TTL, the rest with 5 minutes) and
+    ``prompt_image_tokens``; ``completion_tokens`` includes ``reasoning_tokens`` and
+    ``completion_image_tokens``. ``tool_calls`` counts the hosted tools' calls the
+    upstream reports (None: none), by the name the catalog prices them under;
+    ``service_tier`` is the tier the upstream says it served the request in. ``estimated``
+    is true when the gateway counted the tokens itself.
     """
 
     prompt_tokens: int = 0
@@ -64,6 +68,9 @@ class Usage:
     completion_image_tokens: int = 0
     cache_write_tokens: int = 0
     estimated: bool = False
+    cache_write_1h_tokens: int = 0
+    tool_calls: Mapping[str, int] | None = None
+    service_tier: str | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -51,8 +51,11 @@ OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 DEFAULT_OUTPUT_LIMIT_FIELD = "max_tokens"
 
 
-def usage_from(raw: dict[str, Any]) -> Usage:
-    """Read an OpenAI-shaped usage object (with DeepSeek's cache-hit count as a fallback)."""
+def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
+    """Read an OpenAI-shaped usage object (with DeepSeek's cache-hit count as a fallback).
+
+    ``tier`` is the ``service_tier`` the answer says it was served in, when it says one.
+    """
     prompt_details = raw.get("prompt_tokens_details") or {}
     completion_details = raw.get("completion_tokens_details") or {}
     prompt = as_count(raw.get("prompt_tokens"))
@@ -66,6 +69,7 @@ def usage_from(raw: dict[str, Any]) -> Usage:
         cached_tokens=cached,
         prompt_image_tokens=min(as_count(prompt_details.get("image_tokens")), prompt - cached),
         reasoning_tokens=as_count(completion_details.get("reasoning_tokens")),
+        service_tier=tier if type(tier) is str else None,
     )
 
 
@@ -194,7 +198,7 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         choices = [choice_from(choice) for choice in raw_choices]
         raw_usage = body.get("usage")
         if isinstance(raw_usage, dict) and as_count(raw_usage.get("total_tokens")):
-            usage = usage_from(raw_usage)
+            usage = usage_from(raw_usage, body.get("service_tier"))
         else:
             usage = self.estimate_usage(request, target, choices)
         fingerprint = body.get("system_fingerprint")
@@ -287,7 +291,7 @@ class StreamRelay:
             # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
             raise UpstreamError("The model's upstream failed mid-answer.")
         if isinstance(raw_usage := payload.get("usage"), dict):
-            self.usage = usage_from(raw_usage)
+            self.usage = usage_from(raw_usage, payload.get("service_tier"))
         if raw_choices := payload.get("choices"):
             # Nearly every chunk has one choice: read without a comprehension's call.
             if len(raw_choices) == 1:

@@ -76,6 +76,7 @@ def usage_body(usage: Usage, cost: Decimal) -> dict[str, Any]:
         "input_tokens_details": {
             "cached_tokens": usage.cached_tokens,
             "cache_write_tokens": usage.cache_write_tokens,
+            "cache_write_1h_tokens": usage.cache_write_1h_tokens,
         },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},

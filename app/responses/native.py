@@ -21,10 +21,12 @@ stream end sees it billed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
+from app.catalog.pricing import NO_SURCHARGES, Surcharges, calls_held
 from app.encoding import dumps_transient
 from app.errors import APIError
 from app.generations.lifecycle import Generation, StreamEnd
@@ -55,6 +57,43 @@ TEXT_DELTAS = frozenset(
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Output items that call a tool: a response that ends with one ends for its result.
 CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+# Hosted tools billed per call, by their type without its version (``_2025_08_26``) and
+# preview mark, and the priced tool each is.
+HOSTED_TOOLS = {
+    "web_search": "web_search",
+    "file_search": "file_search",
+    "code_interpreter": "code_interpreter",
+    "image_generation": "image_generation",
+    "mcp": "mcp",
+}
+TOOL_VERSION = re.compile(r"(_preview)?(_\d{4}_\d{2}_\d{2})?$")
+# Output items that are a hosted tool's call, billed per call: the priced tool of each.
+HOSTED_CALL_ITEMS = {
+    "web_search_call": "web_search",
+    "file_search_call": "file_search",
+    "code_interpreter_call": "code_interpreter",
+    "image_generation_call": "image_generation",
+    "mcp_call": "mcp",
+}
+
+
+def surcharges_of(body: dict[str, Any], *, passed_through: bool) -> Surcharges:
+    """Return what a Responses request asks for that is billed beyond tokens.
+
+    When it is passed through (a translated route is sent neither): its ``service_tier``,
+    and each hosted tool it offers, held at its ``max_tool_calls`` (which bounds all of
+    its hosted calls together), else the default.
+    """
+    if not passed_through:
+        return NO_SURCHARGES
+    tier = body.get("service_tier")
+    calls: dict[str, int] = {}
+    for tool in body.get("tools") if type(body.get("tools")) is list else ():
+        kind = tool.get("type") if type(tool) is dict else None
+        priced = HOSTED_TOOLS.get(TOOL_VERSION.sub("", kind)) if type(kind) is str else None
+        if priced is not None:
+            calls[priced] = calls_held(body.get("max_tool_calls"))
+    return Surcharges(tier=tier if type(tier) is str else None, tool_calls=calls)
 
 
 def sent_items(body: dict[str, Any], request: ResponseRequest) -> list[dict[str, Any]]:
@@ -90,7 +129,10 @@ def forwarded_items(turn: Turn) -> list[dict[str, Any]]:
 
 
 def reported_usage(response: dict[str, Any]) -> Usage | None:
-    """Return the usage a Responses object reports, or None when it reports none."""
+    """Return the usage a Responses object reports, or None when it reports none.
+
+    Its hosted tools' calls are its output items of their types; its tier the one it names.
+    """
     usage = response.get("usage")
     if type(usage) is not dict:
         return None
@@ -101,7 +143,19 @@ def reported_usage(response: dict[str, Any]) -> Usage | None:
         cached_tokens=_count(details.get("cached_tokens")),
         completion_tokens=_count(usage.get("output_tokens")),
         reasoning_tokens=_count(output_details.get("reasoning_tokens")),
+        tool_calls=hosted_calls(response.get("output")),
+        service_tier=tier if type(tier := response.get("service_tier")) is str else None,
     )
+
+
+def hosted_calls(output: Any) -> dict[str, int] | None:
+    """Count the hosted tools' calls among a response's output items, by priced tool."""
+    calls: dict[str, int] = {}
+    for item in output if type(output) is list else ():
+        tool = HOSTED_CALL_ITEMS.get(item.get("type")) if type(item) is dict else None
+        if tool is not None:
+            calls[tool] = calls.get(tool, 0) + 1
+    return calls or None
 
 
 def _count(value: Any) -> int:

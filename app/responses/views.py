@@ -33,6 +33,7 @@ from app.responses.native import (
     answered_whole,
     native_call,
     sent_items,
+    surcharges_of,
     whole_outcome,
 )
 from app.responses.schemas import parse_response_request
@@ -69,6 +70,7 @@ def create_response() -> Response:
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=turn.draft.id,
         api=RESPONSES,
+        surcharges=surcharges_of(body, passed_through=passed_through),
     )
     if passed_through:
         return relayed_response(turn, generation, body)

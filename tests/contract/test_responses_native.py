@@ -49,8 +49,13 @@ id = "gpt-five"
 context_length = 400000
 max_output_tokens = 4096
 capabilities = ["tools", "json_schema", "reasoning", "vision"]
-pricing = {{ prompt = 1.25, completion = 10, cached_read = 0.125 }}
 routes = [{{ upstream = "openai", model = "gpt-5-mini-2025-08-07", api = "responses" }}]
+[models.pricing]
+prompt = 1.25
+completion = 10
+cached_read = 0.125
+# The web search it is offered (Codex offers it) is priced: an unpriced one is refused.
+tool_calls = {{ web_search = 0.01 }}
 """
 UPSTREAM_KEY = "sk-openai-test-secret"
 WEATHER = {

@@ -4,6 +4,7 @@ import pytest
 
 from app.catalog.pricing import (
     Pricing,
+    Surcharges,
     affordable_completion_tokens,
     cost_of,
     worst_case_cost,
@@ -79,4 +80,53 @@ def test_cache_writes_cost_as_the_prompt_unless_priced():
     assert pricing.cache_write == Decimal("3")
     assert worst_case_cost(prompt_tokens=10, completion_tokens=0, pricing=pricing) == Decimal(
         "0.00003"
+    )
+
+
+CLAUDE = Pricing(
+    Decimal("3"),
+    Decimal("15"),
+    Decimal("0.30"),
+    Decimal("3"),
+    cache_write=Decimal("3.75"),
+    cache_write_1h=Decimal("6"),
+    tool_calls={"web_search": Decimal("0.01"), "code_execution": Decimal("0.03")},
+    tiers={"priority": Decimal("2")},
+)
+
+
+def test_hour_long_cache_writes_are_priced_at_their_own_rate():
+    usage = Usage(prompt_tokens=1000, cache_write_tokens=300, cache_write_1h_tokens=100)
+    # 700 plain at 3, 200 written for 5 minutes at 3.75, 100 for an hour at 6, per million.
+    assert cost_of(usage, CLAUDE) == Decimal("0.0021") + Decimal("0.00075") + Decimal("0.0006")
+
+
+def test_tool_calls_are_priced_per_call_and_a_tier_multiplies_everything_once():
+    usage = Usage(prompt_tokens=1, completion_tokens=1, tool_calls={"web_search": 3})
+    # (3 + 15) per million, plus 3 searches at 0.01, all twice over, rounded once.
+    assert cost_of(usage, CLAUDE) == Decimal("0.030018")
+    assert cost_of(usage, CLAUDE, Decimal(2)) == Decimal("0.060036")
+    # Half a tenth of a billionth, times a third: rounded once, at the end.
+    tiny = Pricing(Decimal("0.00005"), Decimal(0), Decimal(0), Decimal(0))
+    assert cost_of(Usage(prompt_tokens=1), tiny, Decimal("1.5")) == Decimal("1E-10")
+
+
+def test_the_worst_case_holds_the_tools_calls_at_the_tiers_multiplier():
+    surcharges = Surcharges(tier="priority", tool_calls={"web_search": 5, "code_execution": 1})
+    worst = worst_case_cost(
+        prompt_tokens=1000, completion_tokens=100, pricing=CLAUDE, surcharges=surcharges
+    )
+    # Every prompt token at the highest prompt rate (6), 100 at 15; 5 x 0.01 + 0.03; x2.
+    assert worst == (Decimal("0.006") + Decimal("0.0015") + Decimal("0.08")) * 2
+    assert worst_case_cost(prompt_tokens=1000, completion_tokens=100, pricing=CLAUDE) == Decimal(
+        "0.0075"
+    )
+
+
+def test_the_default_tiers_cost_one_unless_priced():
+    assert CLAUDE.tier_multiplier(None) == CLAUDE.tier_multiplier("auto") == Decimal(1)
+    assert CLAUDE.tier_multiplier("standard") == CLAUDE.tier_multiplier("default") == 1
+    assert CLAUDE.tier_multiplier("flex") is None
+    assert Pricing(1, 1, 1, 1, tiers={"default": Decimal("1.1")}).tier_multiplier("default") == (
+        Decimal("1.1")
     )

@@ -57,6 +57,69 @@ def test_invalid_catalogs_name_the_entry_and_the_problem(document, problem):
         build_catalog(document, "cat.toml")
 
 
+def test_hour_long_cache_writes_default_to_the_five_minute_price_which_defaults_to_the_prompt():
+    plain = build_catalog({"models": [model()]}).resolve("m").pricing
+    written = (
+        build_catalog(
+            {
+                "models": [
+                    model(pricing={"prompt": 3, "completion": 15, "cache_write": Decimal("3.75")})
+                ]
+            }
+        )
+        .resolve("m")
+        .pricing
+    )
+    assert (plain.cache_write, plain.cache_write_1h) == (Decimal("0.1"), Decimal("0.1"))
+    assert (written.cache_write, written.cache_write_1h) == (Decimal("3.75"), Decimal("3.75"))
+    assert (plain.tool_calls, plain.tiers) == ({}, {})
+
+
+def test_tool_call_and_tier_prices_parse_exactly_from_toml(tmp_path):
+    path = tmp_path / "models.toml"
+    path.write_text(
+        '[[models]]\nid = "m"\nroutes = [{ upstream = "builtin" }]\n'
+        "[models.pricing]\nprompt = 3\ncompletion = 15\ncache_write_1h = 6.0\n"
+        "tool_calls = { web_search = 0.01, code_interpreter = 0.03 }\n"
+        "tiers = { priority = 2.0, flex = 0.5 }\n"
+    )
+    pricing = load_catalog(path).resolve("m").pricing
+    assert pricing.cache_write_1h == Decimal(6)
+    assert pricing.tool_calls == {
+        "web_search": Decimal("0.01"),
+        "code_interpreter": Decimal("0.03"),
+    }
+    assert pricing.tiers == {"priority": Decimal(2), "flex": Decimal("0.5")}
+    assert pricing.tier_multiplier("priority") == 2 and pricing.tier_multiplier("auto") == 1
+    assert pricing.tier_multiplier("scale") is None
+
+
+def priced(**extra):
+    return model(pricing={"prompt": Decimal(1), "completion": Decimal(1), **extra})
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        (
+            priced(cache_write_1h=Decimal(-2)),
+            "pricing.cache_write_1h must be a non-negative number",
+        ),
+        (priced(cache_write_1h="6"), "pricing.cache_write_1h must be a non-negative number"),
+        (priced(tool_calls=Decimal("0.01")), "pricing.tool_calls must be a table"),
+        (priced(tool_calls={"web_serach": 1}), "pricing.tool_calls names unknown tools"),
+        (priced(tool_calls={"web_search": True}), "pricing.tool_calls.web_search must be a non"),
+        (priced(tool_calls={"web_search": -1}), "pricing.tool_calls.web_search must be a non"),
+        (priced(tiers=["priority"]), "pricing.tiers must be a table"),
+        (priced(tiers={"priority": 0}), "pricing.tiers.priority must be a positive number"),
+        (priced(tiers={"flex": "half"}), "pricing.tiers.flex must be a non-negative number"),
+    ],
+)
+def test_malformed_tool_and_tier_prices_name_the_entry_and_the_problem(entry, problem):
+    with pytest.raises(CatalogError, match=f"cat.toml: models\\[0\\] \\(m\\): {problem}"):
+        build_catalog({"models": [entry]}, "cat.toml")
+
+
 def test_unparseable_file_names_the_file(tmp_path):
     path = tmp_path / "models.toml"
     path.write_text("[[models]\nid = ")

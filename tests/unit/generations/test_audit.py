@@ -8,7 +8,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 
 from app.catalog.pricing import Pricing, cost_of
 from app.credits.ledger import Rollup, hour_of, place_hold, settle_hold
@@ -101,6 +101,8 @@ def test_sql_prices_every_usage_exactly_as_cost_of_does(app_context):
             )
         }
         tokens["prompt_image_tokens"] = draw.randrange(10**4)
+        # Of the cache writes, some (or all, or none) with a 1-hour TTL.
+        tokens["cache_write_1h_tokens"] = draw.randint(0, tokens["cache_write_tokens"])
         prices = {
             # Up to $1,000 per million tokens: every cost fits the 64 bits money is kept in.
             name: Decimal(draw.randrange(10**13)) / UNITS_PER_USD
@@ -110,6 +112,7 @@ def test_sql_prices_every_usage_exactly_as_cost_of_does(app_context):
                 "price_cached_read",
                 "price_image",
                 "price_cache_write",
+                "price_cache_write_1h",
             )
         }
         generation_id = f"priced-{uuid.uuid4().hex}"
@@ -130,6 +133,7 @@ def test_sql_prices_every_usage_exactly_as_cost_of_does(app_context):
             prices["price_cached_read"],
             prices["price_image"],
             prices["price_cache_write"],
+            prices["price_cache_write_1h"],
         )
         expected[generation_id] = int(cost_of(usage, pricing) * UNITS_PER_USD)
     db.session.commit()
@@ -240,3 +244,121 @@ def test_the_checkpoint_sums_the_ledger_written_an_hour_before_the_audit(
         assert checkpoint.ledger_entry_id == max(entries) and len(entries) == 3
         assert checkpoint.checked_until == later - timedelta(hours=1)
         db.session.commit()
+
+
+def settle_billed_lines(account_id, key_id, *, tools_and_tier: bool):
+    """Charge a generation with 1-hour cache writes (and tool calls in a tier); return its id.
+
+    Without tools and tier it is re-priced in SQL; with them, in Python.
+    """
+    usage = Usage(
+        prompt_tokens=3000,
+        completion_tokens=200,
+        cache_write_tokens=2048,
+        cache_write_1h_tokens=1024,
+        tool_calls={"web_search": 3} if tools_and_tier else None,
+    )
+    pricing = Pricing(
+        Decimal(3),
+        Decimal(15),
+        Decimal("0.3"),
+        Decimal(3),
+        Decimal("3.75"),
+        Decimal(6),
+        tool_calls={"web_search": Decimal("0.01")},
+    )
+    multiplier = Decimal(2) if tools_and_tier else Decimal(1)
+    cost = cost_of(usage, pricing, multiplier)
+    generation_id = f"gen-{uuid.uuid4().hex}"
+    held = place_hold(
+        account_id=account_id, amount=cost, ttl_seconds=60, key_id=key_id, hold_id=generation_id
+    )
+    created_at = utcnow()
+    record = {
+        **DEFAULTS,
+        "id": generation_id,
+        "account_id": account_id,
+        "api_key_id": key_id,
+        "model": "claude",
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "cache_write_1h_tokens": usage.cache_write_1h_tokens,
+        "price_prompt": pricing.prompt,
+        "price_completion": pricing.completion,
+        "price_cached_read": pricing.cached_read,
+        "price_image": pricing.image,
+        "price_cache_write": pricing.cache_write,
+        "price_cache_write_1h": pricing.cache_write_1h,
+        "tool_calls": {"web_search": {"calls": 3, "price": "0.01"}} if tools_and_tier else None,
+        "service_tier": "priority" if tools_and_tier else None,
+        "tier_multiplier": multiplier,
+        "status": "completed",
+        "created_at": created_at,
+    }
+    rollup = Rollup(
+        "claude",
+        hour_of(created_at),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+    )
+    settle_hold(
+        held,
+        cost=cost,
+        generation_id=generation_id,
+        record=(insert(Generation), record),
+        rollup=rollup,
+    )
+    return generation_id
+
+
+@pytest.mark.parametrize(
+    ("tools_and_tier", "planted"),
+    [
+        # Each line a generation is billed for, recorded otherwise than it was charged.
+        (False, {"cache_write_1h_tokens": 0}),
+        (False, {"cache_write_1h_tokens": 2048}),
+        (False, {"price_cache_write_1h": Decimal("3.75")}),
+        (False, {"price_cache_write": Decimal(6)}),
+        (True, {"cache_write_1h_tokens": 0}),
+        (True, {"price_cache_write_1h": Decimal("3.75")}),
+        (True, {"tool_calls": {"web_search": {"calls": 2, "price": "0.01"}}}),
+        (True, {"tool_calls": {"web_search": {"calls": 3, "price": "0.001"}}}),
+        (True, {"tool_calls": None}),
+        (True, {"tier_multiplier": Decimal(1)}),
+        (True, {"tier_multiplier": Decimal("1.5")}),
+        (False, {"tier_multiplier": Decimal(2)}),
+        (False, {"tool_calls": {"web_search": {"calls": 1, "price": "0.01"}}}),
+    ],
+)
+def test_each_billed_line_charged_otherwise_than_recorded_is_caught(
+    app, runner, tools_and_tier, planted
+):
+    with app.app_context():
+        account, issued = AccountFactory.with_key()
+        account_id = account.id
+        generation_id = settle_billed_lines(account.id, issued.id, tools_and_tier=tools_and_tier)
+    clean = audit(runner, account_id)
+    assert clean.exit_code == 0, clean.output
+    assert "checked 1 accounts and 1 generations: 0 mismatches" in clean.output
+    with app.app_context():
+        tamper(generation_id, **planted)
+
+    caught = audit(runner, account_id)
+
+    assert caught.exit_code == 1, caught.output
+    assert f"mismatch: generation {generation_id}: cost $" in caught.output
+    assert "but its tokens price at" in caught.output
+
+
+def test_a_generation_without_tool_calls_is_left_to_the_sql_re_pricing(app_context):
+    account, issued = AccountFactory.with_key()
+    plain = settle_billed_lines(account.id, issued.id, tools_and_tier=False)
+    called = settle_billed_lines(account.id, issued.id, tools_and_tier=True)
+
+    # SQL NULL, not JSON's null: only the generation that called tools is read in Python.
+    rows = db.session.execute(
+        text("SELECT id FROM generations WHERE account_id = :a AND tool_calls IS NULL"),
+        {"a": account.id},
+    ).scalars()
+    assert list(rows) == [plain] and called != plain

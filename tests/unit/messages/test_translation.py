@@ -296,6 +296,7 @@ def test_a_whole_answer_becomes_thinking_text_and_tool_use_blocks():
         "output_tokens": 12,
         "cache_creation_input_tokens": 5,
         "cache_read_input_tokens": 8,
+        "cache_creation": {"ephemeral_5m_input_tokens": 5, "ephemeral_1h_input_tokens": 0},
         "output_tokens_details": {"thinking_tokens": 3},
         "cost": {"total_cost": Decimal("0.25")},
     }

@@ -7,7 +7,12 @@ import time
 
 import pytest
 
-from app.providers.anthropic import AnthropicAdapter, messages_request
+from app.providers.anthropic import (
+    AnthropicAdapter,
+    counted_calls,
+    messages_request,
+    usage_from,
+)
 from app.providers.base import ChatRequest, NativeCall, RouteTarget, UpstreamConfig
 from app.providers.errors import (
     UpstreamError,
@@ -535,3 +540,42 @@ def test_a_stream_passed_through_arrives_byte_for_byte(adapter, replay_server):
     # The thinking block's signature and every event, exactly as the upstream sent them.
     assert received == load_transcript("anthropic_stream_thinking")[1]
     assert b"signature_delta" in received
+
+
+def test_cache_writes_without_their_ttl_breakdown_are_five_minute_ones():
+    usage = usage_from({"input_tokens": 10, "cache_creation_input_tokens": 300})
+    assert (usage.prompt_tokens, usage.cache_write_tokens, usage.cache_write_1h_tokens) == (
+        310,
+        300,
+        0,
+    )
+
+
+def test_usage_reads_cache_writes_by_ttl_server_tool_calls_and_the_tier():
+    raw = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 300,
+        "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+        "output_tokens": 5,
+        "server_tool_use": {"web_search_requests": 2, "web_fetch_requests": 1},
+        "service_tier": "priority",
+    }
+    blocks = [
+        {"type": "server_tool_use", "name": "web_search", "id": "s1", "input": {}},
+        {"type": "server_tool_use", "name": "bash_code_execution", "id": "s2", "input": {}},
+        {"type": "server_tool_use", "name": "text_editor_code_execution", "id": "s3"},
+        {"type": "mcp_tool_use", "name": "lookup", "server_name": "docs", "id": "m1"},
+        {"type": "text", "text": "Done."},
+    ]
+    usage = usage_from(raw, counted=counted_calls(blocks, {"id": "container_1"}))
+    assert (usage.cache_write_tokens, usage.cache_write_1h_tokens) == (300, 200)
+    # Web searches and fetches as the usage counts them, not by their blocks.
+    assert usage.tool_calls == {
+        "web_search": 2,
+        "web_fetch": 1,
+        "code_execution": 2,
+        "mcp": 1,
+        "container": 1,
+    }
+    assert usage.service_tier == "priority"
+    assert usage_from({"input_tokens": 1}).tool_calls is None

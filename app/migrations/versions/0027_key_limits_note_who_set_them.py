@@ -5,8 +5,8 @@ window; a limit the member set themselves stays theirs to change. Who set the li
 already in place is not known: each is taken as set by an owner or admin, so that no
 member can lift one they may not have set (an owner or admin can change it as before).
 
-Revision ID: 0028
-Revises: 0024
+Revision ID: 0027
+Revises: 0026
 Create Date: 2026-11-29 04:00:00
 
 """
@@ -14,8 +14,8 @@ Create Date: 2026-11-29 04:00:00
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0028"
-down_revision = "0024"
+revision = "0027"
+down_revision = "0026"
 branch_labels = None
 depends_on = None
 
