@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from app.catalog.registry import Model
-from app.providers.base import ChatRequest, Chunk, Usage
+from app.generations.prompts import Prompt
+from app.providers.base import Chunk, Usage
 
 
 class Meter(Protocol):
@@ -55,7 +56,7 @@ class Metered(Protocol):
     """What a meter needs of the generation it counts (app.generations.lifecycle)."""
 
     model: Model
-    request: ChatRequest
+    prompt: Prompt
     prompt_tokens: int
     prompt_tokens_exact: bool
 
@@ -71,7 +72,7 @@ class DeliveryMeter:
 
     def __init__(self, generation: Metered) -> None:
         self.route = generation.model.routes[0]
-        self.request = generation.request
+        self.prompt = generation.prompt
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason: str | None = None
@@ -124,10 +125,21 @@ class DeliveryMeter:
         self._pieces.clear()
         return self._delivered_tokens
 
+    def answer_usage(self) -> Usage:
+        """Return the usage of a whole answer whose upstream reported none (estimated).
+
+        The upstream answered: it read the whole prompt, counted as for the hold, and
+        generated what it delivered, counted here.
+        """
+        return Usage(
+            prompt_tokens=self._prompt_count(),
+            completion_tokens=self._count_delivered(),
+            estimated=True,
+        )
+
     def _prompt_count(self) -> int:
         if not self._prompt_exact:
-            adapter, target = self.route.adapter, self.route.target
-            self._prompt_tokens = adapter.count_prompt_tokens(self.request, target)
+            self._prompt_tokens = self.prompt.count()
             self._prompt_exact = True
         return self._prompt_tokens
 

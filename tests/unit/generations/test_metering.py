@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from app.generations.metering import StreamMeter
+from app.generations.prompts import TranslatedPrompt
 from app.providers.base import (
     Adapter,
     ChatRequest,
@@ -45,7 +46,7 @@ def meter(*, prompt_tokens: int = 20, prompt_exact: bool = True) -> tuple[Stream
     request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     generation = SimpleNamespace(
         model=SimpleNamespace(routes=[route]),
-        request=request,
+        prompt=TranslatedPrompt(request, route),
         prompt_tokens=prompt_tokens,
         prompt_tokens_exact=prompt_exact,
     )
