@@ -76,9 +76,6 @@ class Generation:
     model: Model
     request: ChatRequest
     hold: HeldCredit
-    # What the prompt is counted as (the normalized request, or the body passed through),
-    # and the count its hold used.
-    prompt: Prompt
     prompt_tokens: int
     # Whether prompt_tokens is the prompt's count, or only the upper bound the hold used.
     prompt_tokens_exact: bool = True
@@ -137,7 +134,6 @@ def start_generation(
         model=model,
         request=request,
         hold=held,
-        prompt=prompt,
         prompt_tokens=prompt_tokens,
         prompt_tokens_exact=exact,
         api=api,

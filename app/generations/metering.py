@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from app.catalog.registry import Model
-from app.generations.prompts import Prompt
-from app.providers.base import Chunk, Usage
+from app.providers.base import ChatRequest, Chunk, Usage
 
 
 class Meter(Protocol):
@@ -27,6 +26,15 @@ class Meter(Protocol):
     @property
     def delivered_since_counted(self) -> bool:
         """Whether anything was delivered since the delivered tokens were last counted."""
+
+    def answer_usage(self) -> Usage:
+        """Return the usage of a whole answer whose upstream reported none (estimated).
+
+        The upstream answered: it read the whole prompt, as the hold counted it, and
+        generated what it delivered, counted here.
+        """
+        delivered = self._count_delivered()
+        return Usage(prompt_tokens=self._prompt_tokens, completion_tokens=delivered, estimated=True)
 
     def usage_so_far(self) -> Usage:
         """Return the usage of what was delivered until now (estimated)."""
@@ -56,7 +64,7 @@ class Metered(Protocol):
     """What a meter needs of the generation it counts (app.generations.lifecycle)."""
 
     model: Model
-    prompt: Prompt
+    request: ChatRequest
     prompt_tokens: int
     prompt_tokens_exact: bool
 
@@ -72,7 +80,7 @@ class DeliveryMeter:
 
     def __init__(self, generation: Metered) -> None:
         self.route = generation.model.routes[0]
-        self.prompt = generation.prompt
+        self.request = generation.request
         self.usage: Usage | None = None
         self.complete = False
         self.finish_reason: str | None = None
@@ -112,9 +120,7 @@ class DeliveryMeter:
         if self.usage is not None:
             completion = max(self.usage.completion_tokens, delivered)
             return replace(self.usage, completion_tokens=completion, estimated=True)
-        return Usage(
-            prompt_tokens=self._prompt_count(), completion_tokens=delivered, estimated=True
-        )
+        return Usage(prompt_tokens=self._prompt_tokens, completion_tokens=delivered, estimated=True)
 
     def _count_delivered(self) -> int:
         adapter, target = self.route.adapter, self.route.target
@@ -124,24 +130,6 @@ class DeliveryMeter:
             self._delivered_tokens += adapter.count_text_tokens(piece, target)
         self._pieces.clear()
         return self._delivered_tokens
-
-    def answer_usage(self) -> Usage:
-        """Return the usage of a whole answer whose upstream reported none (estimated).
-
-        The upstream answered: it read the whole prompt, counted as for the hold, and
-        generated what it delivered, counted here.
-        """
-        return Usage(
-            prompt_tokens=self._prompt_count(),
-            completion_tokens=self._count_delivered(),
-            estimated=True,
-        )
-
-    def _prompt_count(self) -> int:
-        if not self._prompt_exact:
-            self._prompt_tokens = self.prompt.count()
-            self._prompt_exact = True
-        return self._prompt_tokens
 
 
 class StreamMeter(DeliveryMeter):

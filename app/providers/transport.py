@@ -388,20 +388,6 @@ class HttpUpstreamAdapter(Adapter):
         )
         return math.ceil(tokens * self.token_ratio)
 
-    def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
-        """Bound the prompt tokens by the prompt's UTF-8 size, without tokenizing it."""
-        tokens = prompt_token_bound(
-            request,
-            image_tokens=self.image_tokens,
-            low_detail_image_tokens=self.low_detail_image_tokens,
-        )
-        return math.ceil(tokens * self.token_ratio)
-
-    def count_text_tokens(self, text: str, target: RouteTarget) -> int:
-        """Count the tokens of generated text."""
-        encoding = encoding_named(target.tokenizer or self.tokenizer)
-        return round(count_text(text, encoding) * self.token_ratio)
-
     def count_content_tokens(
         self, content: PromptContent, target: RouteTarget, *, limit: int | None = None
     ) -> int:
@@ -424,6 +410,20 @@ class HttpUpstreamAdapter(Adapter):
             low_detail_image_tokens=self.low_detail_image_tokens,
         )
         return math.ceil(tokens * self.token_ratio)
+
+    def prompt_token_bound(self, request: ChatRequest, target: RouteTarget) -> int:
+        """Bound the prompt tokens by the prompt's UTF-8 size, without tokenizing it."""
+        tokens = prompt_token_bound(
+            request,
+            image_tokens=self.image_tokens,
+            low_detail_image_tokens=self.low_detail_image_tokens,
+        )
+        return math.ceil(tokens * self.token_ratio)
+
+    def count_text_tokens(self, text: str, target: RouteTarget) -> int:
+        """Count the tokens of generated text."""
+        encoding = encoding_named(target.tokenizer or self.tokenizer)
+        return round(count_text(text, encoding) * self.token_ratio)
 
 
 def positive_int_option(options: Mapping[str, Any], key: str, default: int) -> int:

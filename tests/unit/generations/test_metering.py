@@ -5,7 +5,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from app.generations.metering import StreamMeter
-from app.generations.prompts import TranslatedPrompt
 from app.providers.base import (
     Adapter,
     ChatRequest,
@@ -46,7 +45,7 @@ def meter(*, prompt_tokens: int = 20, prompt_exact: bool = True) -> tuple[Stream
     request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     generation = SimpleNamespace(
         model=SimpleNamespace(routes=[route]),
-        prompt=TranslatedPrompt(request, route),
+        request=request,
         prompt_tokens=prompt_tokens,
         prompt_tokens_exact=prompt_exact,
     )
@@ -93,15 +92,15 @@ def test_a_stream_cut_short_is_billed_what_it_delivered_with_the_upstreams_promp
     assert stream.final_usage() == Usage(prompt_tokens=11, completion_tokens=3, estimated=True)
 
 
-def test_a_prompt_held_on_a_bound_is_counted_exactly_once():
+def test_a_prompt_held_on_a_bound_is_billed_at_the_bound_never_counted_lower():
     stream, adapter = meter(prompt_tokens=400, prompt_exact=False)
     stream.observe(delta("one"))
     first = stream.usage_so_far()
     stream.observe(delta("two"))
     second = stream.usage_so_far()
 
-    assert (first.prompt_tokens, second.prompt_tokens) == (7, 7)
-    assert adapter.prompt_counts == 1
+    assert (first.prompt_tokens, second.prompt_tokens) == (400, 400)
+    assert adapter.prompt_counts == 0
 
 
 def test_nothing_delivered_bills_nothing():
