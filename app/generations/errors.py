@@ -53,3 +53,14 @@ class GenerationNotFound(APIError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class UncountableContent(APIError):
+    """A request passed through carries content whose tokens the gateway cannot bound.
+
+    Such content is never sent: what reaches an upstream is what the hold counted.
+    """
+
+    status = 400
+    type = "invalid_request_error"
+    code = "uncountable_content"

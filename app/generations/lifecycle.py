@@ -38,9 +38,10 @@ from app.credits.ledger import (
 )
 from app.database import BoundStatement, utcnow
 from app.generations.live import live_holds
-from app.generations.metering import Meter, Outcome, RelayMeter, StreamMeter
+from app.generations.metering import DeliveryMeter, Meter, Outcome, RelayMeter, StreamMeter
 from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
+from app.generations.prompts import Prompt, TranslatedPrompt
 from app.generations.refusals import (
     check_surcharges,
     fit_request_to_model,
@@ -57,6 +58,7 @@ from app.providers.base import (
     Route,
     Usage,
 )
+from app.providers.errors import UpstreamError
 from app.providers.router import (
     complete_on_routes,
     relay_on_routes,
@@ -83,7 +85,7 @@ class Generation:
     request: ChatRequest
     hold: HeldCredit
     prompt_tokens: int
-    # Whether prompt_tokens is the adapter's count, or only the upper bound the hold used.
+    # Whether prompt_tokens is the prompt's count, or only the upper bound the hold used.
     prompt_tokens_exact: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
@@ -107,6 +109,7 @@ def start_generation(
     generation_id: str | None = None,
     api: str = CHAT,
     surcharges: Surcharges = NO_SURCHARGES,
+    prompt: Prompt | None = None,
 ) -> Generation:
     """Fit the request to the model and hold its worst-case cost, under the generation's id.
 
@@ -114,7 +117,8 @@ def start_generation(
     service tier, its hosted tools): each must be priced, and the hold covers it.
 
     ``generation_id`` is given when it was chosen before (an Idempotency-Key's claim
-    names the generation it runs); otherwise a new one is made.
+    names the generation it runs); otherwise a new one is made. ``prompt`` is what is
+    sent, when it is not ``request``'s messages (a body passed through).
 
     The hold is sized with a cheap upper bound of the prompt's tokens (its UTF-8 size);
     the prompt is tokenized only when that bound is too tight, for the context length or
@@ -128,15 +132,15 @@ def start_generation(
     """
     request = fit_request_to_model(request, model)
     check_surcharges(surcharges, model)
-    route = model.routes[0]
-    prompt_tokens, exact = route.adapter.prompt_token_bound(request, route.target), False
+    prompt = prompt or TranslatedPrompt(request, model.routes[0])
+    prompt_tokens, exact = prompt.bound(), False
     if prompt_tokens > model.context_length:
-        prompt_tokens, exact = prompt_tokens_within_context(request, model), True
+        prompt_tokens, exact = prompt_tokens_within_context(prompt, model), True
     generation_id = generation_id or new_generation_id()
     hold = HoldTerms(caller, generation_id, hold_ttl_seconds, surcharges)
     held = _hold_worst_case(hold, model, request, prompt_tokens)
     if isinstance(held, Shortfall | BudgetShortfall) and not exact:
-        prompt_tokens, exact = route.adapter.count_prompt_tokens(request, route.target), True
+        prompt_tokens, exact = prompt.count(), True
         held = _hold_worst_case(hold, model, request, prompt_tokens)
     if isinstance(held, Shortfall | BudgetShortfall):
         raise insufficient_credits(
@@ -157,14 +161,13 @@ def start_generation(
     return generation
 
 
-def count_prompt_tokens(*, model: Model, request: ChatRequest) -> int:
-    """Count the prompt's tokens as the model's first route does; nothing is held or charged.
+def count_prompt_tokens(*, model: Model, prompt: Prompt) -> int:
+    """Count the prompt's tokens as a hold on ``model`` would; nothing is held or charged.
 
     Counting stops once the count passes the model's context length (such a prompt cannot
     run): the number returned is then above it, not exact.
     """
-    route = model.routes[0]
-    return route.adapter.count_prompt_tokens(request, route.target, limit=model.context_length)
+    return prompt.count(limit=model.context_length)
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,9 @@ def relay_generation(
 
     ``outcome_of`` reads the upstream's answer in its door's wire format: its usage, how
     it finished, whether it failed.
+
+    :raise UpstreamError: the upstream failed, or answered something that is not JSON;
+        the latter is settled at once, at an estimate (``settle_unreadable``).
     """
     routes = native_routes(generation.model, call.api)
     try:
@@ -302,6 +308,9 @@ def relay_generation(
     except BaseException:
         finish_generation(generation, usage=Usage(), status=FAILED, finish_reason=None)
         raise
+    if answer.decoded is None:
+        settle_unreadable(generation, answer.body)
+        raise UpstreamError("The model's upstream answered something the gateway cannot read.")
     outcome = outcome_of(answer.decoded)
     cost = finish_generation(
         generation,
@@ -310,6 +319,17 @@ def relay_generation(
         finish_reason=outcome.finish_reason,
     )
     return answer, outcome.usage, cost
+
+
+def settle_unreadable(generation: Generation, body: bytes) -> None:
+    """Settle an answer the upstream sent but that cannot be read, as a failure, at once.
+
+    Its usage is estimated, never below what the upstream may have billed: the whole
+    prompt, counted as for the hold, and the answer's body counted as generated text.
+    """
+    meter = DeliveryMeter(generation)
+    meter.deliver(body.decode("utf-8", "replace"))
+    finish_generation(generation, usage=meter.answer_usage(), status=FAILED, finish_reason=None)
 
 
 def relay_stream(generation: Generation, call: NativeCall, meter: RelayMeter) -> Iterator[Any]:

@@ -110,6 +110,15 @@ class DeliveryMeter:
             return self.usage
         return self.usage_so_far()
 
+    def answer_usage(self) -> Usage:
+        """Return the usage of a whole answer whose upstream reported none (estimated).
+
+        The upstream answered: it read the whole prompt, as the hold counted it, and
+        generated what it delivered, counted here.
+        """
+        delivered = self._count_delivered()
+        return Usage(prompt_tokens=self._prompt_tokens, completion_tokens=delivered, estimated=True)
+
     def usage_so_far(self) -> Usage:
         """Return the usage of what was delivered until now (estimated).
 

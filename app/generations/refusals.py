@@ -19,19 +19,19 @@ from app.generations.errors import (
     UnpricedSurcharge,
     UnsupportedContent,
 )
+from app.generations.prompts import Prompt
 from app.providers.base import ChatRequest
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
-def prompt_tokens_within_context(request: ChatRequest, model: Model) -> int:
+def prompt_tokens_within_context(prompt: Prompt, model: Model) -> int:
     """Count the prompt's tokens; raise ContextLengthExceeded past the context length.
 
     Counting stops as soon as the count passes the context length, so a huge prompt
     costs no more to refuse than one just too long.
     """
-    route = model.routes[0]
-    tokens = route.adapter.count_prompt_tokens(request, route.target, limit=model.context_length)
+    tokens = prompt.count(limit=model.context_length)
     if tokens > model.context_length:
         raise ContextLengthExceeded(
             f"The prompt is longer than model '{model.id}' takes: it has more than "

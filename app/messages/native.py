@@ -4,24 +4,31 @@ The caller's body goes on as sent (thinking blocks and their signatures, ``cache
 server tools, fields the gateway does not know) with the caller's ``anthropic-version``
 and ``anthropic-beta``; two things change on the way: the model becomes the route's name
 for it, and ``max_tokens`` is capped at what the hold covers (the model's output limit),
-a thinking budget with it. The answer is the upstream's, with the gateway's message id,
-the model's public id and the charged cost in ``usage.cost``. A stream's events go out
-as each upstream read completes them, except the last two (``message_delta``, whose usage
-gets the cost, and ``message_stop``), which wait for the settlement.
+a thinking budget with it. The conversation is not translated: the hold counts the body
+as it is sent (SENT_BODY, app.generations.prompts), every block of it. The answer is the
+upstream's, with the gateway's message id, the model's public id and the charged cost in
+``usage.cost``. A stream's events go out as each upstream read completes them, except the
+last two (``message_delta``, whose usage gets the cost, and ``message_stop``), which wait
+for the settlement.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
 from app.catalog.pricing import Surcharges, calls_held
+from app.catalog.registry import Model
+from app.encoding import dumps
+from app.generations.errors import UncountableContent
 from app.generations.lifecycle import Generation, StreamEnd
 from app.generations.metering import DeliveryMeter, Outcome
 from app.generations.models import MESSAGES
-from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING
+from app.generations.prompts import IMAGE, OPAQUE, BodyShape, image, opaque
+from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING, usage_body
+from app.messages.schemas import IMAGE_MEDIA_TYPES, MessagesRequest
 from app.providers.anthropic import (
     FINISH_REASONS,
     called_tool,
@@ -29,7 +36,7 @@ from app.providers.anthropic import (
     kept_usage,
     usage_from,
 )
-from app.providers.base import NativeCall, Usage
+from app.providers.base import ChatRequest, NativeCall, Usage
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import EventBuilder, json_object
 from app.sse import Framing, typed_event, written_event
@@ -76,6 +83,81 @@ def surcharges_of(body: dict[str, Any]) -> Surcharges:
     return Surcharges(tier=tier if type(tier) is str else None, tool_calls=calls)
 
 
+PDF = "application/pdf"
+# The sources of a document whose text the body itself holds.
+TEXT_SOURCES = ("text", "content")
+
+
+def base64_source(source: dict[str, Any]) -> str:
+    """Count inline binary: an image at its flat price, a PDF as opaque; refuse the rest."""
+    media_type = source.get("media_type")
+    if media_type in IMAGE_MEDIA_TYPES:
+        return IMAGE
+    if media_type == PDF:
+        return OPAQUE
+    raise UncountableContent(
+        f"Base64 content of media type {str(media_type)[:64]!r} cannot be counted, so it "
+        f"is not sent: only images ({', '.join(IMAGE_MEDIA_TYPES)}) and PDFs can be."
+    )
+
+
+def document(block: dict[str, Any]) -> str | None:
+    """Count a document: read where the body holds its text; else inline binary, or opaque."""
+    source = block.get("source")
+    kind = source.get("type") if type(source) is dict else None
+    if kind in TEXT_SOURCES:
+        return None
+    if kind == "base64":
+        return base64_source(source)
+    if kind in ("url", "file"):
+        return OPAQUE
+    raise UncountableContent(
+        f"A document whose source is of type {str(kind)[:64]!r} cannot be counted, so it is "
+        "not sent: its source must be text, content, base64, url or file."
+    )
+
+
+# What a Messages body passed through shows the model (app.generations.prompts): all of
+# it but these settings; images, documents and sources by their rules, wherever they are
+# (in a tool result, a search result, a server tool's result, a block of a new type).
+SENT_BODY = BodyShape(
+    settings=frozenset(
+        {
+            "model",
+            "max_tokens",
+            "stream",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stop_sequences",
+            "metadata",
+            "thinking",
+            "tool_choice",
+            "service_tier",
+        }
+    ),
+    media={
+        "image": image,
+        "document": document,
+        "base64": base64_source,
+        "url": opaque,
+        "file": opaque,
+    },
+)
+
+
+def passed_request(request: MessagesRequest, model: Model) -> ChatRequest:
+    """Return the normalized request of one passed through: its output cap, no messages.
+
+    The upstream reads the body as sent, which the hold counts (SENT_BODY): translating
+    the conversation would only refuse what the upstream accepts.
+    """
+    params = {}
+    if request.max_tokens is not None:
+        params["max_tokens"] = min(request.max_tokens, model.max_output_tokens)
+    return ChatRequest(model=request.model, messages=[], params=params, stream=request.stream)
+
+
 def native_call(
     body: dict[str, Any], generation: Generation, headers: Mapping[str, str], *, stream: bool
 ) -> NativeCall:
@@ -97,28 +179,56 @@ def capped_thinking(thinking: Any, max_tokens: int) -> Any:
     return {**thinking, "budget_tokens": max(max_tokens - 1, MIN_THINKING_BUDGET)}
 
 
-def whole_outcome(response: dict[str, Any]) -> Outcome:
-    """Return a whole Message's usage (cache reads and writes in the prompt), and why it stopped.
+def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
+    """Return how a whole Message is read: its usage, and why it stopped.
 
-    The server tools it called are those its usage counts and its blocks show.
+    The usage counts cache reads and writes in the prompt; the server tools it called are
+    those its usage counts and its blocks show. A Message without its usage is billed at
+    an estimate (``meter.answer_usage``): the prompt as its hold counted it, the content
+    it generated counted.
     """
-    usage = response.get("usage")
-    if type(usage) is not dict:
-        raise UpstreamError("The model's upstream answered without its usage.")
-    reason = response.get("stop_reason")
-    calls = counted_calls(response.get("content"), response.get("container"))
-    return Outcome(
-        usage_from(usage, counted=calls), FINISH_REASONS.get(reason, "stop") if reason else None
-    )
+
+    def outcome_of(response: dict[str, Any]) -> Outcome:
+        reason = response.get("stop_reason")
+        finish_reason = FINISH_REASONS.get(reason, "stop") if reason else None
+        usage = response.get("usage")
+        if type(usage) is dict and type(usage.get("input_tokens")) is int:
+            calls = counted_calls(response.get("content"), response.get("container"))
+            return Outcome(usage_from(usage, counted=calls), finish_reason)
+        for text in output_texts(response.get("content")):
+            meter.deliver(text)
+        return Outcome(meter.answer_usage(), finish_reason)
+
+    return outcome_of
+
+
+def output_texts(content: Any) -> Iterator[str]:
+    """Yield the generated text of a Message's blocks: text, thinking, tool inputs."""
+    for block in content if type(content) is list else ():
+        if type(block) is not dict:
+            continue
+        for key in ("text", "thinking"):
+            if type(block.get(key)) is str:
+                yield block[key]
+        if "input" in block:
+            yield dumps(block["input"]).decode()
 
 
 def answered(
-    response: dict[str, Any], generation: Generation, cost: Decimal | None = None
+    response: dict[str, Any],
+    generation: Generation,
+    cost: Decimal | None = None,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
-    """Return the upstream's Message as the gateway answers it: its id, model and cost."""
+    """Return the upstream's Message as the gateway answers it: its id, model and cost.
+
+    ``usage`` is the usage billed: shown when the upstream reported none.
+    """
     message = {**response, "id": generation.id, "model": generation.request.model}
     if cost is not None and type(response.get("usage")) is dict:
         message["usage"] = {**response["usage"], "cost": {"total_cost": cost}}
+    elif cost is not None and usage is not None:
+        message["usage"] = usage_body(usage, cost)
     return message
 
 

@@ -19,12 +19,16 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
+from app.generations.metering import DeliveryMeter
 from app.generations.models import MESSAGES
+from app.generations.prompts import TranslatedPrompt, sent_prompt
 from app.messages.bodies import MESSAGES_FRAMING, new_message_id
 from app.messages.native import (
+    SENT_BODY,
     RelayedStream,
     answered,
     native_call,
+    passed_request,
     surcharges_of,
     whole_outcome,
 )
@@ -54,12 +58,15 @@ def create_message() -> Response:
     generation = start_generation(
         caller=g.caller,
         model=model,
-        request=model.with_defaults(chat_request(messages_request, model)),
+        request=passed_request(messages_request, model)
+        if passed_through
+        else model.with_defaults(chat_request(messages_request, model)),
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=claimed_generation_id() or new_message_id(),
         api=MESSAGES,
         # A translated route is sent neither server tools nor a tier: nothing to bill.
         surcharges=surcharges_of(body) if passed_through else NO_SURCHARGES,
+        prompt=sent_prompt(body, SENT_BODY, model) if passed_through else None,
     )
     if passed_through:
         return relayed_message(generation, body, stream=messages_request.stream)
@@ -79,17 +86,28 @@ def relayed_message(generation: Generation, body: dict, *, stream: bool) -> Resp
         relayed = RelayedStream(generation)
         events = relayed.events(relay_stream(generation, call, relayed))
         return event_stream_response(events, relayed.framing())
-    answer, _, cost = relay_generation(generation, call, whole_outcome)
-    return Response(dumps(answered(answer.decoded, generation, cost)), mimetype="application/json")
+    answer, usage, cost = relay_generation(
+        generation, call, whole_outcome(DeliveryMeter(generation))
+    )
+    body = answered(answer.decoded, generation, cost, usage)
+    return Response(dumps(body), mimetype="application/json")
 
 
 @bp.post("/messages/count_tokens")
 @require_api_key
 def count_message_tokens() -> Response:
-    """Count a prompt's tokens as its model does; free, nothing is held or recorded."""
-    messages_request = parse_count_tokens_request(json_body(request))
+    """Count a prompt's tokens as a hold on its model does; free, nothing is held or recorded.
+
+    On a model whose requests are passed through, that is the body as it would be sent.
+    """
+    body = json_body(request)
+    messages_request = parse_count_tokens_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
-    tokens = count_prompt_tokens(model=model, request=chat_request(messages_request, model))
+    if native_routes(model, MESSAGES):
+        prompt = sent_prompt(body, SENT_BODY, model)
+    else:
+        prompt = TranslatedPrompt(chat_request(messages_request, model), model.routes[0])
+    tokens = count_prompt_tokens(model=model, prompt=prompt)
     return Response(dumps({"input_tokens": tokens}), mimetype="application/json")
 
 

@@ -193,10 +193,30 @@ class NativeCall:
 
 @dataclass(frozen=True)
 class NativeAnswer:
-    """A whole answer passed through: the upstream's body as sent, and decoded."""
+    """A whole answer passed through: the upstream's body as sent, and decoded.
+
+    ``decoded`` is None when the body is not a JSON object: the upstream answered, but
+    what it answered cannot be read.
+    """
 
     body: bytes
-    decoded: dict[str, Any]
+    decoded: dict[str, Any] | None
+
+
+@dataclass
+class PromptContent:
+    """What a request's model is shown, read from the body that is sent: texts, images.
+
+    ``texts`` are every string the model may read (keys of objects included);
+    ``low_detail_images`` those asked for at low detail, on upstreams that honour it;
+    ``opaque`` counts the parts whose tokens their bytes do not tell (a PDF, a file or
+    a recording, sent inline or by reference).
+    """
+
+    texts: list[str] = field(default_factory=list)
+    images: int = 0
+    low_detail_images: int = 0
+    opaque: int = 0
 
 
 class Adapter(ABC):
@@ -236,6 +256,28 @@ class Adapter(ABC):
     @abstractmethod
     def count_text_tokens(self, text: str, target: RouteTarget) -> int:
         """Count (or estimate) the tokens of generated text, for billing a cut-off stream."""
+
+    # What one image is assumed to cost in a hold, where an adapter has no rule of its own.
+    image_tokens: int = 1_600
+
+    def count_content_tokens(
+        self, content: PromptContent, target: RouteTarget, *, limit: int | None = None
+    ) -> int:
+        """Count the prompt tokens of ``content`` (its opaque parts aside), erring high.
+
+        This default counts each text as generated text, each image at ``image_tokens``.
+        With ``limit``, counting may stop once the count passes it.
+        """
+        tokens = (content.images + content.low_detail_images) * self.image_tokens
+        for text in content.texts:
+            tokens += self.count_text_tokens(text, target)
+            if limit is not None and tokens > limit:
+                break
+        return tokens
+
+    def content_token_bound(self, content: PromptContent, target: RouteTarget) -> int:
+        """Return a cheap upper bound of ``content``'s prompt tokens (this default counts them)."""
+        return self.count_content_tokens(content, target)
 
     # The wire protocols the upstream speaks itself, whatever a route says.
     native_apis: ClassVar[frozenset[str]] = frozenset()

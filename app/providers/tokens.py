@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from app.providers.base import ChatRequest
+from app.providers.base import ChatRequest, PromptContent
 
 if TYPE_CHECKING:
     import bpe_openai
@@ -212,6 +212,51 @@ def prompt_token_bound(
             json.dumps(response_format.get("json_schema") or {}, ensure_ascii=False)
         )
     return tokens
+
+
+def content_image_tokens(
+    content: PromptContent, *, image_tokens: int, low_detail_image_tokens: int | None
+) -> int:
+    """Return what the images of ``content`` cost, at a flat price each (never their bytes)."""
+    low = image_tokens
+    if low_detail_image_tokens is not None:
+        low = min(low_detail_image_tokens, image_tokens)
+    return content.images * image_tokens + content.low_detail_images * low
+
+
+def count_content(
+    content: PromptContent,
+    encoding: bpe_openai.Encoding,
+    *,
+    image_tokens: int,
+    low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
+    limit: int | None = None,
+) -> int:
+    """Count the tokens of ``content``'s texts, each alone, and its images.
+
+    With ``limit``, counting stops once the count passes it (the result is then above it).
+    """
+    tokens = content_image_tokens(
+        content, image_tokens=image_tokens, low_detail_image_tokens=low_detail_image_tokens
+    )
+    for text in content.texts:
+        tokens += count_text(text, encoding, limit=None if limit is None else limit - tokens)
+        if limit is not None and tokens > limit:
+            break
+    return tokens
+
+
+def content_token_bound(
+    content: PromptContent,
+    *,
+    image_tokens: int,
+    low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
+) -> int:
+    """Return an upper bound of ``count_content``, without tokenizing: the texts' UTF-8 size."""
+    images = content_image_tokens(
+        content, image_tokens=image_tokens, low_detail_image_tokens=low_detail_image_tokens
+    )
+    return images + sum(map(utf8_size, content.texts))
 
 
 def utf8_size(text: str) -> int:

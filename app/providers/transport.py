@@ -33,6 +33,7 @@ from app.providers.base import (
     ChatRequest,
     NativeAnswer,
     NativeCall,
+    PromptContent,
     RouteTarget,
     UpstreamConfig,
 )
@@ -53,6 +54,8 @@ from app.providers.tokens import (
     DEFAULT_ENCODING,
     DEFAULT_IMAGE_TOKENS,
     LOW_DETAIL_IMAGE_TOKENS,
+    content_token_bound,
+    count_content,
     count_text,
     encoding_named,
     encoding_names,
@@ -281,9 +284,21 @@ class HttpUpstreamAdapter(Adapter):
         return {"Content-Type": "application/json"}
 
     def relay(self, call: NativeCall, target: RouteTarget) -> NativeAnswer:
-        """Pass ``call`` through whole: the caller's body, the route's name for its model."""
+        """Pass ``call`` through whole: the caller's body, the route's name for its model.
+
+        An answer that is not a JSON object is returned undecoded, not raised: the
+        upstream answered, and may have billed it, so it is not tried again.
+        """
         response = self._post_native(call, target, stream=False)
-        return NativeAnswer(body=response.content or b"", decoded=self.read_json(response))
+        body = response.content or b""
+        try:
+            decoded = loads(body)
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            log.warning("upstream %s: answered something other than JSON", self.upstream.name)
+            decoded = None
+        return NativeAnswer(body=body, decoded=decoded)
 
     def relay_stream(self, call: NativeCall, target: RouteTarget) -> Iterator[bytes]:
         """Pass ``call`` through streamed: yield the upstream's bytes as each read brings them."""
@@ -370,6 +385,29 @@ class HttpUpstreamAdapter(Adapter):
             image_tokens=self.image_tokens,
             low_detail_image_tokens=self.low_detail_image_tokens,
             limit=None if limit is None else math.ceil(limit / self.token_ratio),
+        )
+        return math.ceil(tokens * self.token_ratio)
+
+    def count_content_tokens(
+        self, content: PromptContent, target: RouteTarget, *, limit: int | None = None
+    ) -> int:
+        """Count a passed-through prompt's texts and images, on the high side (see Adapter)."""
+        encoding = encoding_named(target.tokenizer or self.tokenizer)
+        tokens = count_content(
+            content,
+            encoding,
+            image_tokens=self.image_tokens,
+            low_detail_image_tokens=self.low_detail_image_tokens,
+            limit=None if limit is None else math.ceil(limit / self.token_ratio),
+        )
+        return math.ceil(tokens * self.token_ratio)
+
+    def content_token_bound(self, content: PromptContent, target: RouteTarget) -> int:
+        """Bound a passed-through prompt's tokens by its texts' UTF-8 size, without tokenizing."""
+        tokens = content_token_bound(
+            content,
+            image_tokens=self.image_tokens,
+            low_detail_image_tokens=self.low_detail_image_tokens,
         )
         return math.ceil(tokens * self.token_ratio)
 

@@ -9,7 +9,9 @@ and failover work whichever route answered: the upstream is sent the whole conve
 unchanged, ``encrypted_content`` included. Two things change on the way: item ids the
 gateway made for its own listing are not sent (the upstream never saw them), nor are
 reasoning items without ``encrypted_content`` (an upstream that keeps nothing cannot
-read them back); and ``max_output_tokens`` is the hold's when the caller set none.
+read them back); and ``max_output_tokens`` is the hold's when the caller set none. The
+conversation is not translated: the hold counts the forwarded body (SENT_BODY,
+app.generations.prompts), every item and part of it.
 
 The answer is the upstream's, with the gateway's id, the model's public id, the
 request's ``store`` and ``previous_response_id``, and ``usage.cost``. A stream's events
@@ -32,7 +34,8 @@ from app.errors import APIError
 from app.generations.lifecycle import Generation, StreamEnd
 from app.generations.metering import DeliveryMeter, Outcome
 from app.generations.models import RESPONSES
-from app.providers.base import NativeCall, Usage
+from app.generations.prompts import BodyShape, image, opaque
+from app.providers.base import ChatRequest, NativeCall, Usage
 from app.providers.errors import UpstreamError
 from app.providers.event_stream import EventBuilder, json_object
 from app.responses.bodies import COMPLETED, FAILED, INCOMPLETE, error_body, usage_body
@@ -96,22 +99,82 @@ def surcharges_of(body: dict[str, Any], *, passed_through: bool) -> Surcharges:
     return Surcharges(tier=tier if type(tier) is str else None, tool_calls=calls)
 
 
+# What a Responses body passed through shows the model (app.generations.prompts): all of
+# it but these settings; images (an input's, a screenshot, a code interpreter's or image
+# generation's), files and recordings by their rules, in whatever item they are.
+SENT_BODY = BodyShape(
+    settings=frozenset(
+        {
+            "model",
+            "stream",
+            "store",
+            "max_output_tokens",
+            "temperature",
+            "top_p",
+            "top_logprobs",
+            "reasoning",
+            "include",
+            "metadata",
+            "user",
+            "safety_identifier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "truncation",
+            "service_tier",
+            "parallel_tool_calls",
+            "tool_choice",
+            "verbosity",
+            "stream_options",
+            "max_tool_calls",
+            "client_metadata",
+        }
+    ),
+    media={
+        "input_image": image,
+        "computer_screenshot": image,
+        "image": image,
+        "image_generation_call": image,
+        "input_file": opaque,
+        "input_audio": opaque,
+    },
+)
+
+
 def sent_items(body: dict[str, Any], request: ResponseRequest) -> list[dict[str, Any]]:
     """Return the request's items as the caller sent them (a string input as its message)."""
     sent = body.get("input")
     return sent if type(sent) is list else request.input
 
 
-def native_call(turn: Turn, body: dict[str, Any], generation: Generation) -> NativeCall:
-    """Return the request to pass through: the caller's, with the whole conversation."""
+def forwarded_body(turn: Turn, body: dict[str, Any]) -> dict[str, Any]:
+    """Return what the upstream is sent but its output cap: the body, the whole conversation.
+
+    It is counted for the hold (SENT_BODY) before the cap is set (``native_call``).
+    """
     forwarded = {key: value for key, value in body.items() if key not in GATEWAY_FIELDS}
     forwarded["input"] = forwarded_items(turn)
     forwarded["store"] = False
+    return forwarded
+
+
+def native_call(turn: Turn, forwarded: dict[str, Any], generation: Generation) -> NativeCall:
+    """Return the request to pass through: the forwarded body, capped at what is held."""
     # The hold covers this many output tokens: the upstream may not generate more.
-    forwarded["max_output_tokens"] = (
-        generation.request.max_output_tokens or generation.model.max_output_tokens
-    )
-    return NativeCall(api=RESPONSES, body=forwarded, stream=turn.request.stream)
+    capped = generation.request.max_output_tokens or generation.model.max_output_tokens
+    body = {**forwarded, "max_output_tokens": capped}
+    return NativeCall(api=RESPONSES, body=body, stream=turn.request.stream)
+
+
+def passed_request(request: ResponseRequest) -> ChatRequest:
+    """Return the normalized request of one passed through: its output cap, no messages.
+
+    The upstream reads the forwarded body, which the hold counts (SENT_BODY): translating
+    the conversation would only refuse what the upstream accepts.
+    """
+    params = {}
+    if "max_output_tokens" in request.params:
+        params["max_tokens"] = request.params["max_output_tokens"]
+    return ChatRequest(model=request.model, messages=[], params=params, stream=request.stream)
 
 
 def forwarded_items(turn: Turn) -> list[dict[str, Any]]:
@@ -165,7 +228,8 @@ def _count(value: Any) -> int:
 def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
     """Return how a whole answer is read: its usage, how it finished, whether it failed.
 
-    The usage is the upstream's, else what its output comes to.
+    The usage is the upstream's, else an estimate (``meter.answer_usage``): the prompt as
+    its hold counted it, what its output comes to.
     """
 
     def outcome_of(response: dict[str, Any]) -> Outcome:
@@ -173,7 +237,7 @@ def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
         if usage is None:
             for text in output_texts(response.get("output")):
                 meter.deliver(text)
-            usage = meter.usage_so_far()
+            usage = meter.answer_usage()
         failed = response.get("status") == FAILED
         return Outcome(usage, finish_reason_of(response), failed)
 

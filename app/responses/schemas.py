@@ -3,10 +3,13 @@
 The rules are OpenAI's for the fields the gateway serves. Unknown keys are dropped, and
 so are input items and tools of types the gateway cannot serve (hosted tools such as
 ``web_search``, custom tools, their calls): they are not offered to the model rather
-than refused, as Codex sends some on every request. ``input`` comes out as a list of
-items in one shape: a string is one user message, every message's content a list of
-parts, a message or reference without ``type`` typed. Errors name the first offending
-field as a path (``input[2].content[0].text``) and say what is wrong with it.
+than refused, as Codex sends some on every request. Content parts of other types than
+text, images and refusals (``input_file``, ``input_audio``) and images by ``file_id`` are
+kept as sent: a route that passes requests through sends them, counted; the translation
+refuses them. ``input`` comes out as a list of items in one shape: a string is one user
+message, every message's content a list of parts, a message or reference without
+``type`` typed. Errors name the first offending field as a path
+(``input[2].content[0].text``) and say what is wrong with it.
 """
 
 from __future__ import annotations
@@ -72,9 +75,9 @@ class ImagePart(ObjectSchema):
 
     @validates_schema
     def check_source(self, data: dict[str, Any], **kwargs: Any) -> None:
-        """Require the image itself: uploaded files are not kept here."""
-        if "image_url" not in data:
-            problem = "is required: images are sent by URL or data: URI, not as file ids."
+        """Require the image: by URL or data: URI, or an upstream's file id."""
+        if "image_url" not in data and "file_id" not in data:
+            problem = "is required: an image is sent by URL or data: URI, or by file_id."
             raise ValidationError(problem, "image_url")
 
 
@@ -90,18 +93,19 @@ PART_SCHEMAS = {
     "input_image": ImagePart(),
     "refusal": RefusalPart(),
 }
-PART_TYPES = ", ".join(PART_SCHEMAS)
 
 
 def load_part(part: Any, index: int) -> dict[str, Any]:
-    """Load one content part with the schema its ``type`` names, keeping its type."""
+    """Load one content part with the schema its ``type`` names; keep other types as sent."""
     if type(part) is not dict:
         raise ValidationError({index: ["must be an object."]})
     part_type = part.get("type")
-    schema = PART_SCHEMAS.get(part_type) if type(part_type) is str else None
-    if schema is None:
-        problem = "is required." if part_type is None else ONE_OF.format(choices=PART_TYPES)
+    if type(part_type) is not str:
+        problem = "is required." if part_type is None else "must be a string."
         raise ValidationError({index: {"type": [problem]}})
+    schema = PART_SCHEMAS.get(part_type)
+    if schema is None:
+        return part
     try:
         loaded = schema.load(part)
     except ValidationError as error:

@@ -19,7 +19,7 @@ from typing import Any
 
 from app.catalog.registry import Model
 from app.errors import InvalidRequest
-from app.generations.errors import OutputLimitExceeded
+from app.generations.errors import OutputLimitExceeded, UnsupportedContent
 from app.generations.lifecycle import StreamEnd, StreamItem
 from app.providers.base import ChatRequest, Chunk, Completion
 from app.responses.bodies import (
@@ -41,6 +41,8 @@ from app.responses.schemas import (
     message_parts,
 )
 
+# The content parts whose text a chat model is shown.
+TEXT_PARTS = frozenset({"input_text", "output_text", "refusal"})
 # Efforts beyond the contract's highest ask for its highest.
 EFFORTS = {"xhigh": "high", "max": "high"}
 IMAGE_DETAILS = {"original": "high"}
@@ -214,18 +216,29 @@ def chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """Return parts as chat content: one text part as its text, else text and image parts."""
     if not parts:
         return ""
-    if len(parts) == 1 and parts[0]["type"] != "input_image":
+    if len(parts) == 1 and parts[0]["type"] in TEXT_PARTS:
         return answer_text(parts)
     return [chat_part(part) for part in parts]
 
 
 def chat_part(part: dict[str, Any]) -> dict[str, Any]:
-    """Return one part as a chat content part."""
-    if part["type"] == "input_image":
+    """Return one part as a chat content part; refuse a part a chat model cannot be shown.
+
+    :raise UnsupportedContent: a file, a recording, an image by file id, a new type.
+    """
+    kind = part["type"]
+    if kind == "input_image" and "image_url" in part:
         detail = part.get("detail") or "auto"
         detail = IMAGE_DETAILS.get(detail, detail)
         return {"type": "image_url", "image_url": {"url": part["image_url"], "detail": detail}}
-    return {"type": "text", "text": part.get("text") or part.get("refusal") or ""}
+    if kind in TEXT_PARTS:
+        return {"type": "text", "text": part.get("text") or part.get("refusal") or ""}
+    shown = "an image by file_id" if kind == "input_image" else f"a part of type {kind!r}"
+    raise UnsupportedContent(
+        f"The input holds {shown[:80]}, which this model cannot be shown: only text and "
+        "images by URL or data: URI are translated. Models whose route passes requests "
+        "through take what their upstream accepts."
+    )
 
 
 def output_items(

@@ -22,6 +22,7 @@ from app.generations.lifecycle import (
 )
 from app.generations.metering import DeliveryMeter
 from app.generations.models import RESPONSES
+from app.generations.prompts import sent_prompt
 from app.request_body import json_body
 from app.responses.bodies import EventWriter
 from app.responses.conversation import Turn
@@ -29,9 +30,12 @@ from app.responses.errors import ResponseNotFound
 from app.responses.ids import new_response_id
 from app.responses.models import StoredResponse
 from app.responses.native import (
+    SENT_BODY,
     RelayedStream,
     answered_whole,
+    forwarded_body,
     native_call,
+    passed_request,
     sent_items,
     surcharges_of,
     whole_outcome,
@@ -63,17 +67,21 @@ def create_response() -> Response:
         ttl_days=current_app.config["RESPONSES_TTL_DAYS"],
         sent=sent_items(body, response_request) if passed_through else None,
     )
+    forwarded = forwarded_body(turn, body) if passed_through else None
     generation = start_generation(
         caller=g.caller,
         model=model,
-        request=model.with_defaults(turn.chat_request()),
+        request=passed_request(response_request)
+        if forwarded is not None
+        else model.with_defaults(turn.chat_request()),
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=turn.draft.id,
         api=RESPONSES,
         surcharges=surcharges_of(body, passed_through=passed_through),
+        prompt=sent_prompt(forwarded, SENT_BODY, model) if forwarded is not None else None,
     )
-    if passed_through:
-        return relayed_response(turn, generation, body)
+    if forwarded is not None:
+        return relayed_response(turn, generation, forwarded)
     if response_request.stream:
         writer = EventWriter(turn.draft)
         translation = StreamTranslation(writer, turn.tools)
@@ -83,9 +91,9 @@ def create_response() -> Response:
     return Response(dumps(body), mimetype="application/json")
 
 
-def relayed_response(turn: Turn, generation: Generation, body: dict[str, Any]) -> Response:
+def relayed_response(turn: Turn, generation: Generation, forwarded: dict[str, Any]) -> Response:
     """Answer a request passed through to an upstream that serves the Responses API."""
-    call = native_call(turn, body, generation)
+    call = native_call(turn, forwarded, generation)
     if call.stream:
         stream = RelayedStream(turn, generation)
         events = stream.events(relay_stream(generation, call, stream))

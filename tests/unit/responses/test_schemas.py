@@ -40,6 +40,18 @@ def test_null_is_absent_unknown_fields_are_kept_aside_and_store_defaults_to_true
     assert request.store is True and request.stream is False
 
 
+def test_files_recordings_and_images_by_file_id_are_kept_for_a_route_that_passes_them_on():
+    parts = [
+        {"type": "input_file", "file_id": "file-1"},
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        {"type": "input_image", "file_id": "file-2", "detail": "auto"},
+    ]
+
+    (message,) = parse(input=[{"role": "user", "content": parts}]).input
+
+    assert message["content"] == parts
+
+
 def test_codex_tools_are_loaded_as_sent():
     tools = [
         {"type": "function", "name": "exec_command", "strict": False, "parameters": {}},
@@ -57,9 +69,9 @@ def test_codex_tools_are_loaded_as_sent():
         ({"input": 3}, "input"),
         ({"input": [{"content": "no role"}]}, "input[0].type"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-        ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+        ({"input": [{"role": "user", "content": [{"type": 3}]}]},
          "input[0].content[0].type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "detail": "low"}]}]},
          "input[0].content[0].image_url"),
         ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
          "input[0].arguments"),

@@ -1,0 +1,165 @@
+"""What a generation's prompt is counted as: its normalized request, or the body that is sent.
+
+A translated request shows its model the normalized messages, which its route's adapter
+counts. A request passed through shows the upstream the caller's body (the whole of it,
+blocks and items the gateway never parses included), so its prompt is read from that
+body: every string in it is text the model may read (ids, types and signatures too:
+inside a tool's input or schema any key may hold content, and leaving one out would let
+content through uncounted), each number as it is written, objects' keys as much as their
+values. Only the door's settings (``model``, ``max_tokens``, ``temperature``...) are left
+out, at the top of the body, and binary parts, counted by their door's rules instead:
+
+- an image costs a flat price (the route's ``image_tokens``, less at low detail where the
+  upstream honours it), never its bytes;
+- a part whose tokens its bytes do not tell (a PDF, a file, a recording, inline or by
+  reference) is opaque: the upstream may fill with it whatever the model's context leaves,
+  so a prompt that holds one is counted as the whole context length;
+- binary no rule covers (base64 of an unknown media type) cannot be counted, and is refused
+  (UncountableContent) before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.catalog.registry import Model
+from app.generations.errors import UncountableContent, UnsupportedContent
+from app.providers.base import ChatRequest, PromptContent, Route
+
+# What a door's rule counts a typed object as: the PromptContent field it adds one to.
+IMAGE, LOW_DETAIL_IMAGE, OPAQUE = "images", "low_detail_images", "opaque"
+# A door's rule for objects of one ``type``: IMAGE, LOW_DETAIL_IMAGE or OPAQUE; None to
+# read the object as any other; UncountableContent raised for what cannot be counted.
+MediaRule = Callable[[dict[str, Any]], str | None]
+
+
+class Prompt(Protocol):
+    """A prompt as its hold counts it: a cheap upper bound, and a count (erring high)."""
+
+    def bound(self) -> int:
+        """Return an upper bound of the prompt's tokens, without tokenizing."""
+
+    def count(self, *, limit: int | None = None) -> int:
+        """Count the prompt's tokens; with ``limit``, stop once the count passes it."""
+
+
+@dataclass(frozen=True)
+class TranslatedPrompt:
+    """The prompt of a normalized request, counted by the route that runs it."""
+
+    request: ChatRequest
+    route: Route
+
+    def bound(self) -> int:
+        """Return the route's upper bound of the request's prompt tokens."""
+        return self.route.adapter.prompt_token_bound(self.request, self.route.target)
+
+    def count(self, *, limit: int | None = None) -> int:
+        """Count the request's prompt tokens as the route does."""
+        return self.route.adapter.count_prompt_tokens(self.request, self.route.target, limit=limit)
+
+
+@dataclass(frozen=True)
+class BodyShape:
+    """How a door's request body holds its prompt.
+
+    ``settings`` are the top-level fields that are not shown to the model; ``media`` the
+    rules for the typed objects (``{"type": ...}``) that carry binary content.
+    """
+
+    settings: frozenset[str]
+    media: Mapping[str, MediaRule]
+
+
+@dataclass(frozen=True)
+class SentPrompt:
+    """The prompt of a body passed through, counted by the route it is sent to."""
+
+    content: PromptContent
+    route: Route
+    context_length: int
+
+    def bound(self) -> int:
+        """Return an upper bound of the body's prompt tokens (see the module)."""
+        return self.widened(self.route.adapter.content_token_bound(self.content, self.route.target))
+
+    def count(self, *, limit: int | None = None) -> int:
+        """Count the body's prompt tokens (see the module)."""
+        tokens = self.route.adapter.count_content_tokens(
+            self.content, self.route.target, limit=limit
+        )
+        return self.widened(tokens)
+
+    def widened(self, tokens: int) -> int:
+        """Return ``tokens``, or the whole context length when opaque parts may fill it."""
+        return max(tokens, self.context_length) if self.content.opaque else tokens
+
+
+def image(block: dict[str, Any]) -> str:
+    """Count an image block: at a flat price, less when it asks for low detail."""
+    return LOW_DETAIL_IMAGE if block.get("detail") == "low" else IMAGE
+
+
+def opaque(block: dict[str, Any]) -> str:
+    """Count a block whose tokens its bytes do not tell (see the module)."""
+    return OPAQUE
+
+
+def sent_prompt(body: Mapping[str, Any], shape: BodyShape, model: Model) -> SentPrompt:
+    """Return the prompt of ``body``, sent to ``model``'s first route.
+
+    :raise UncountableContent: the body carries binary no rule of its door covers.
+    :raise UnsupportedContent: it carries images, and the model takes none.
+    """
+    content = read_content(body, shape)
+    if (content.images or content.low_detail_images) and "vision" not in model.capabilities:
+        raise UnsupportedContent(f"Model '{model.id}' does not accept image input.")
+    return SentPrompt(content, model.routes[0], model.context_length)
+
+
+def read_content(body: Mapping[str, Any], shape: BodyShape) -> PromptContent:
+    """Gather what ``body`` shows its model: every field's content but the settings'."""
+    content = PromptContent()
+    for key, value in body.items():
+        if key in shape.settings:
+            continue
+        try:
+            gather(value, shape.media, content)
+        except UncountableContent as error:
+            raise UncountableContent(error.message, param=key) from None
+    return content
+
+
+def gather(value: Any, media: Mapping[str, MediaRule], content: PromptContent) -> None:
+    """Add ``value``'s strings, numbers and binary parts to ``content``, at any depth."""
+    texts = content.texts
+    # A stack, not recursion: how deep a body nests is the caller's choice.
+    pending = [value]
+    while pending:
+        value = pending.pop()
+        kind = type(value)
+        if kind is str:
+            texts.append(value)
+        elif kind is list:
+            pending += value
+        elif kind is dict:
+            if not counted_as_media(value, media, content):
+                texts += value
+                pending += value.values()
+        elif kind is int or kind is float:
+            texts.append(repr(value))
+
+
+def counted_as_media(
+    block: dict[str, Any], media: Mapping[str, MediaRule], content: PromptContent
+) -> bool:
+    """Count ``block`` by its type's rule, if it has one that takes it; say whether it did."""
+    kind = block.get("type")
+    rule = media.get(kind) if type(kind) is str else None
+    counted = rule(block) if rule is not None else None
+    if counted is None:
+        return False
+    setattr(content, counted, getattr(content, counted) + 1)
+    return True
