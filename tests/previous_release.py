@@ -15,6 +15,7 @@ from app.auth.models import ApiKey
 from app.credits.models import Account
 from app.database import Money, utcnow
 from app.extensions import db
+from app.generations.models import Generation
 
 ACCOUNTS_AT_0018 = table(
     "accounts",
@@ -34,6 +35,27 @@ API_KEYS_AT_0018 = table(
     column("month_spent", Money()),
     column("month_reserved", Money()),
 )  # fmt: skip
+# Generations as 0018 has them: every column of the model but those added since.
+GENERATION_COLUMNS_SINCE_0018 = frozenset(
+    {"cache_write_1h_tokens", "price_cache_write_1h", "service_tier", "tier_multiplier"}
+    | {"tool_calls"}
+)
+GENERATIONS_AT_0018 = table(
+    "generations",
+    *(column(name, type_.type) for name, type_ in Generation.__table__.c.items()
+      if name not in GENERATION_COLUMNS_SINCE_0018),
+)  # fmt: skip
+
+
+def insert_generation(**values: object) -> None:
+    """Insert a finished generation as revision 0018 has them: the model's defaults, ``values``."""
+    defaults = {
+        column.name: column.default.arg
+        for column in Generation.__table__.c
+        if column.name in GENERATIONS_AT_0018.c and column.default is not None
+        and not callable(column.default.arg)
+    }  # fmt: skip
+    db.session.execute(insert(GENERATIONS_AT_0018).values({**defaults, **values}))
 
 
 def insert_account(email: str, *, is_admin: bool = False) -> int:

@@ -23,11 +23,10 @@ from app.credits.models import CHARGE, GRANT, Account, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
 from app.generations.audit import audit_ledger
-from app.generations.models import Generation
 from app.generations.rollups import rebuild_rollups
 from tests.conftest import TEST_CATALOG, _fresh_postgres_database
 from tests.dashboard.conftest import PASSWORD, new_client, post_form, sign_in
-from tests.previous_release import ACCOUNTS_AT_0018, insert_account, insert_key
+from tests.previous_release import ACCOUNTS_AT_0018, insert_account, insert_generation, insert_key
 
 ACCOUNT_PASSWORDS_AT_0018 = table(
     "account_passwords", column("account_id"), column("password_hash"), column("updated_at")
@@ -60,11 +59,13 @@ def fill_account(*, credits: str, spent: str, is_admin: bool = False) -> dict:
     key_id, value = insert_key(account_id, "ci")
     now = utcnow()
     generation = f"gen-{uuid.uuid4().hex}"
+    insert_generation(
+        id=generation, account_id=account_id, api_key_id=key_id, model="dev-chat",
+        completion_tokens=1000, price_completion=Decimal(spent) * 1000, cost=Decimal(spent),
+        status="completed", created_at=now,
+    )  # fmt: skip
     db.session.add_all([
         LedgerEntry(account_id=account_id, kind=GRANT, amount=Decimal(credits), created_at=now),
-        Generation(id=generation, account_id=account_id, api_key_id=key_id, model="dev-chat",
-                   completion_tokens=1000, price_completion=Decimal(spent) * 1000,
-                   cost=Decimal(spent), status="completed", created_at=now),
         LedgerEntry(account_id=account_id, kind=CHARGE, amount=-Decimal(spent),
                     generation_id=generation, created_at=now),
     ])  # fmt: skip
