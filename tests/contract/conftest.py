@@ -2,14 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
 import openai
 import pytest
 import requests
 from sqlalchemy import select
 
+from app.catalog.registry import Catalog, load_catalog
 from app.credits.models import Account, Hold, LedgerEntry
 from app.extensions import db
 from app.generations.models import Generation
+from tests.conftest import running_server
+from tests.upstream_server import ReplayServer
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """A gateway running on a catalog of its own: its URL, that catalog, its log file."""
+
+    url: str
+    catalog: Catalog
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ReplayServer]:
+    """The replay server that the upstreams of a module's catalog point at."""
+    server = ReplayServer()
+    yield server
+    server.close()
+
+
+@contextmanager
+def gateway_serving(
+    catalog_text: str, database_url: str, folder: Path, **env: str
+) -> Iterator[Gateway]:
+    """Run gunicorn in ``folder`` on a catalog of ``catalog_text``; ``env`` adds variables."""
+    catalog = folder / "models.toml"
+    catalog.write_text(catalog_text)
+    with running_server(database_url, folder, catalog=str(catalog), **env) as server:
+        yield Gateway(server.url, load_catalog(catalog), next(folder.glob("gunicorn-*.log")))
 
 
 @pytest.fixture

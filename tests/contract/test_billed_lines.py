@@ -9,17 +9,14 @@ server's record: a tool or tier the catalog does not price reaches nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal
 
 import anthropic
 import openai
 import pytest
 
-from app.catalog.registry import Catalog, load_catalog
-from tests.conftest import running_server
-from tests.contract.conftest import billing_records
-from tests.upstream_server import ReplayServer, Reply
+from tests.contract.conftest import billing_records, gateway_serving
+from tests.upstream_server import Reply
 
 CATALOG = """
 [upstreams.claude]
@@ -94,28 +91,11 @@ CODE_EXECUTION = {"type": "code_execution_20250825", "name": "code_execution"}
 ASKED = [{"role": "user", "content": "Is Paris warmer than Rome today?"}]
 
 
-@dataclass(frozen=True)
-class Gateway:
-    """The running gateway and the catalog it serves."""
-
-    url: str
-    catalog: Catalog
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    server = ReplayServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture(scope="module")
 def gateway(app, database_url, upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("billed-lines")
-    catalog = folder / "models.toml"
-    catalog.write_text(CATALOG.format(url=upstream.url))
-    with running_server(database_url, folder, catalog=str(catalog)) as server:
-        yield Gateway(server.url, load_catalog(catalog))
+    with gateway_serving(CATALOG.format(url=upstream.url), database_url, folder) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

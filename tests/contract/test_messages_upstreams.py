@@ -6,20 +6,17 @@ anthropic SDK. What reaches the upstream is read from the replay server's record
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal
 
 import anthropic
 import pytest
 
 from app.catalog.pricing import cost_of
-from app.catalog.registry import Catalog, load_catalog
 from app.encoding import loads
 from app.providers.anthropic import API_VERSION
 from app.providers.base import Usage
-from tests.conftest import running_server
-from tests.contract.conftest import billing_records
-from tests.upstream_server import ReplayServer, Reply, load_transcript
+from tests.contract.conftest import billing_records, gateway_serving
+from tests.upstream_server import Reply, load_transcript
 
 CATALOG = """
 [upstreams.third]
@@ -107,34 +104,17 @@ CONVERSATION = [
 COMPARED = [{"role": "user", "content": "Which is greater, 9.11 or 9.8?"}]
 
 
-@dataclass(frozen=True)
-class Gateway:
-    """The running gateway and the catalog it serves."""
-
-    url: str
-    catalog: Catalog
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    server = ReplayServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture(scope="module")
 def gateway(app, database_url, upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("messages-upstreams")
-    catalog = folder / "models.toml"
-    catalog.write_text(CATALOG.format(url=upstream.url))
-    with running_server(
+    with gateway_serving(
+        CATALOG.format(url=upstream.url),
         database_url,
         folder,
-        catalog=str(catalog),
         THIRD_API_KEY="sk-third-test-secret",
         CLAUDE_API_KEY="sk-ant-test-secret",
-    ) as server:
-        yield Gateway(server.url, load_catalog(catalog))
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

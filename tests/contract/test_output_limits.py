@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 import requests
@@ -14,9 +12,9 @@ from app.accounts.keys import create_key
 from app.credits.models import Account
 from app.extensions import db
 from app.generations.models import Generation
-from tests.conftest import running_server
+from tests.contract.conftest import gateway_serving
 from tests.factories import AccountFactory
-from tests.upstream_server import ReplayServer, Reply
+from tests.upstream_server import Reply
 
 CATALOG = """
 [upstreams.own]
@@ -48,26 +46,11 @@ OVERRUN_PRICE = Decimal("0.1000012")
 HELLO = [{"role": "user", "content": "Tell me a story"}]
 
 
-@dataclass(frozen=True)
-class Gateway:
-    url: str
-    log: Path
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    server = ReplayServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture(scope="module")
 def gateway(app, database_url, upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("output-limits")
-    catalog = folder / "models.toml"
-    catalog.write_text(CATALOG.format(url=upstream.url))
-    with running_server(database_url, folder, catalog=str(catalog)) as server:
-        yield Gateway(server.url, next(folder.glob("gunicorn-*.log")))
+    with gateway_serving(CATALOG.format(url=upstream.url), database_url, folder) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from decimal import Decimal
 
 import anthropic
@@ -20,13 +19,11 @@ import pytest
 from openai.types.responses import Response
 
 from app.catalog.pricing import cost_of
-from app.catalog.registry import Catalog, load_catalog
 from app.encoding import loads
 from app.providers.anthropic import usage_from
 from app.responses.native import reported_usage
-from tests.conftest import running_server
-from tests.contract.conftest import billing_records
-from tests.upstream_server import ReplayServer, Reply, load_transcript
+from tests.contract.conftest import billing_records, gateway_serving
+from tests.upstream_server import Reply, load_transcript
 
 CATALOG = """
 [upstreams.claude]
@@ -75,30 +72,13 @@ PDF = base64.b64encode(b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\n%%EOF\n"
 WAV = base64.b64encode(b"RIFF\x24\x00\x00\x00WAVEfmt ").decode()
 
 
-@dataclass(frozen=True)
-class Gateway:
-    """The running gateway and the catalog it serves."""
-
-    url: str
-    catalog: Catalog
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    server = ReplayServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture(scope="module")
 def gateway(app, database_url, upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("passed-through-prompts")
-    catalog = folder / "models.toml"
-    catalog.write_text(CATALOG.format(url=upstream.url))
-    with running_server(
-        database_url, folder, catalog=str(catalog), CLAUDE_API_KEY="sk-ant-test-secret"
-    ) as server:
-        yield Gateway(server.url, load_catalog(catalog))
+    with gateway_serving(
+        CATALOG.format(url=upstream.url), database_url, folder, CLAUDE_API_KEY="sk-ant-test-secret"
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

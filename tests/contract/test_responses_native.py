@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from decimal import Decimal
 
 import openai
@@ -17,12 +16,10 @@ import pytest
 import requests
 
 from app.catalog.pricing import cost_of
-from app.catalog.registry import Catalog, load_catalog
 from app.providers.base import Usage
 from tests.clients.test_codex_cli import run_codex
-from tests.conftest import running_server
-from tests.contract.conftest import billing_records
-from tests.upstream_server import ReplayServer, Reply, load_transcript
+from tests.contract.conftest import billing_records, gateway_serving
+from tests.upstream_server import Reply, load_transcript
 
 CATALOG = """
 [upstreams.openai]
@@ -85,30 +82,13 @@ HOSTED = [
 ASKED = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}
 
 
-@dataclass(frozen=True)
-class Gateway:
-    """The running gateway and the catalog it serves."""
-
-    url: str
-    catalog: Catalog
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    server = ReplayServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture(scope="module")
 def gateway(app, database_url, upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("responses-native")
-    catalog = folder / "models.toml"
-    catalog.write_text(CATALOG.format(url=upstream.url))
-    with running_server(
-        database_url, folder, catalog=str(catalog), OPENAI_TEST_KEY=UPSTREAM_KEY
-    ) as server:
-        yield Gateway(server.url, load_catalog(catalog))
+    with gateway_serving(
+        CATALOG.format(url=upstream.url), database_url, folder, OPENAI_TEST_KEY=UPSTREAM_KEY
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 
 import openai
 import pytest
 import requests
 
 from app.catalog.pricing import cost_of
-from app.catalog.registry import Catalog, load_catalog
 from app.providers.base import ChatRequest, Usage
 from app.providers.tokens import count_text, encoding_named
-from tests.conftest import running_server
 from tests.contract.conftest import billing_records as records
-from tests.upstream_server import ReplayServer, Reply, closed_port
+from tests.contract.conftest import gateway_serving
+from tests.upstream_server import Reply, closed_port
 
 THIRD_KEY = "sk-third-test-secret"
 CLAUDE_KEY = "sk-ant-test-secret"
@@ -122,37 +119,15 @@ UPSTREAM_DETAILS = (
 )
 
 
-@dataclass(frozen=True)
-class Gateway:
-    """The running gateway: its URL, the catalog it serves, and its log file."""
-
-    url: str
-    catalog: Catalog
-    log: Path
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    """The replay server every upstream of the gateway's catalog points at."""
-    server = ReplayServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture(scope="module")
 def gateway(app, database_url, upstream, tmp_path_factory):
     """Gunicorn serving a catalog of real upstreams (the replay server and a dead port)."""
     folder = tmp_path_factory.mktemp("upstreams")
-    catalog = folder / "models.toml"
-    catalog.write_text(CATALOG.format(url=upstream.url, dead=closed_port()))
-    with running_server(
-        database_url,
-        folder,
-        catalog=str(catalog),
-        THIRD_API_KEY=THIRD_KEY,
-        CLAUDE_API_KEY=CLAUDE_KEY,
-    ) as server:
-        yield Gateway(server.url, load_catalog(catalog), next(folder.glob("gunicorn-*.log")))
+    catalog = CATALOG.format(url=upstream.url, dead=closed_port())
+    with gateway_serving(
+        catalog, database_url, folder, THIRD_API_KEY=THIRD_KEY, CLAUDE_API_KEY=CLAUDE_KEY
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)
