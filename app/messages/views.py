@@ -19,6 +19,7 @@ from app.generations.lifecycle import (
     stream_generation,
 )
 from app.generations.models import MESSAGES
+from app.generations.refusals import output_field_named
 from app.messages.bodies import MESSAGES_FRAMING, new_message_id
 from app.messages.native import RelayedStream, answered, native_call, whole_outcome
 from app.messages.schemas import parse_count_tokens_request, parse_messages_request
@@ -43,14 +44,15 @@ def create_message() -> Response:
     body = json_body(request)
     messages_request = parse_messages_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        request=model.with_defaults(chat_request(messages_request, model)),
-        hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
-        generation_id=claimed_generation_id() or new_message_id(),
-        api=MESSAGES,
-    )
+    with output_field_named("max_tokens"):
+        generation = start_generation(
+            caller=g.caller,
+            model=model,
+            request=model.with_defaults(chat_request(messages_request, model)),
+            hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+            generation_id=claimed_generation_id() or new_message_id(),
+            api=MESSAGES,
+        )
     if native_routes(model, MESSAGES):
         return relayed_message(generation, body, stream=messages_request.stream)
     omitted = thinking_omitted(messages_request)

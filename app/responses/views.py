@@ -22,6 +22,7 @@ from app.generations.lifecycle import (
 )
 from app.generations.metering import DeliveryMeter
 from app.generations.models import RESPONSES
+from app.generations.refusals import output_field_named
 from app.request_body import json_body
 from app.responses.bodies import EventWriter
 from app.responses.conversation import Turn
@@ -62,14 +63,15 @@ def create_response() -> Response:
         ttl_days=current_app.config["RESPONSES_TTL_DAYS"],
         sent=sent_items(body, response_request) if passed_through else None,
     )
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        request=model.with_defaults(turn.chat_request()),
-        hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
-        generation_id=turn.draft.id,
-        api=RESPONSES,
-    )
+    with output_field_named("max_output_tokens"):
+        generation = start_generation(
+            caller=g.caller,
+            model=model,
+            request=model.with_defaults(turn.chat_request()),
+            hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+            generation_id=turn.draft.id,
+            api=RESPONSES,
+        )
     if passed_through:
         return relayed_response(turn, generation, body)
     if response_request.stream:
