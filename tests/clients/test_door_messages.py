@@ -12,6 +12,7 @@ from decimal import Decimal
 import anthropic
 import openai
 import pytest
+import requests
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 # Enough for a short answer, not for the worst case of thousands of output tokens.
@@ -74,3 +75,78 @@ def test_a_chat_completions_402_names_the_field_the_caller_sent(
     assert caught.value.code == "insufficient_quota"
     message = caught.value.body["message"]
     assert message.startswith("Insufficient credits") and f"Set {field} to at most " in message
+
+
+def test_a_wrong_key_sent_as_x_api_key_is_named_so_on_messages(live_server):
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        anthropic_sdk(
+            live_server, default_headers={"X-Api-Key": "sk-gw-not-a-key"}
+        ).messages.create(model="dev-chat", max_tokens=20, messages=HELLO)
+
+    message = caught.value.body["error"]["message"]
+    assert "the key sent as 'x-api-key' is not an active key" in message
+    assert "'x-api-key: <key>' or 'Authorization: Bearer <key>'" in message
+
+
+def test_a_wrong_bearer_is_named_so_on_messages(live_server):
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        anthropic_sdk(live_server, auth_token="sk-gw-not-a-key").messages.create(
+            model="dev-chat", max_tokens=20, messages=HELLO
+        )
+
+    assert "sent as 'Authorization: Bearer' is not" in caught.value.body["error"]["message"]
+
+
+def test_a_missing_key_and_a_wrong_key_are_told_apart_on_messages(live_server):
+    no_key = requests.post(
+        f"{live_server.url}/v1/messages",
+        json={"model": "dev-chat", "max_tokens": 20, "messages": HELLO},
+        headers={"anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+
+    assert no_key.status_code == 401
+    assert no_key.json()["error"] == {
+        "type": "authentication_error",
+        "message": "Incorrect API key provided: the request sent no key. Send it as "
+        "'x-api-key: <key>' or 'Authorization: Bearer <key>'.",
+    }
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+def test_a_missing_key_and_a_wrong_key_are_told_apart_on_the_openai_doors(live_server, path):
+    body = {"model": "dev-chat", "messages": HELLO, "input": "Hello there"}
+    if path == "/v1/responses":
+        body.pop("messages")
+    else:
+        body.pop("input")
+    sent = {
+        "none": {},
+        "basic": {"Authorization": "Basic dXNlcjpwYXNz"},
+        "wrong": {"Authorization": "Bearer sk-gw-not-a-key"},
+    }
+
+    errors = {
+        name: requests.post(f"{live_server.url}{path}", json=body, headers=headers, timeout=30)
+        for name, headers in sent.items()
+    }
+
+    assert {response.status_code for response in errors.values()} == {401}
+    envelopes = {name: response.json()["error"] for name, response in errors.items()}
+    assert {error["code"] for error in envelopes.values()} == {"invalid_api_key"}
+    messages = {name: error["message"] for name, error in envelopes.items()}
+    assert all(message.startswith("Incorrect API key provided") for message in messages.values())
+    assert len(set(messages.values())) == 3
+    assert "sent no key" in messages["none"]
+    assert "does not say 'Bearer <key>'" in messages["basic"]
+    assert "sent as 'Authorization: Bearer' is not an active key" in messages["wrong"]
+
+
+def test_the_openai_sdk_reads_a_wrong_key_as_an_authentication_error(live_server):
+    with pytest.raises(openai.AuthenticationError) as caught:
+        openai_sdk(live_server, "sk-gw-not-a-key").chat.completions.create(
+            model="dev-chat", messages=HELLO
+        )
+
+    assert caught.value.code == "invalid_api_key"
+    assert "'Authorization: Bearer' is not an active key" in caught.value.body["message"]
