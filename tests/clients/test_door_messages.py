@@ -48,6 +48,26 @@ def test_a_responses_402_names_max_output_tokens(live_server, make_funded_key):
     assert "Set max_output_tokens to at most " in message and "max_tokens" not in message
 
 
+def test_a_responses_402_under_a_key_limit_names_max_output_tokens(
+    app, live_server, make_funded_key
+):
+    from app.accounts.keys import update_key_limits
+
+    limited = make_funded_key()
+    with app.app_context():
+        update_key_limits(limited.key_id, permitted_models=None, monthly_limit=LOW_BALANCE)
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        openai_sdk(live_server, limited.key).responses.create(
+            model="dev-chat", input="Hello there", max_output_tokens=4000
+        )
+
+    assert caught.value.status_code == 402
+    message = caught.value.body["message"]
+    assert "this API key's monthly limit" in message
+    assert "Set max_output_tokens to at most " in message and "raise the key's limit" in message
+
+
 def test_a_messages_402_names_max_tokens(live_server, make_funded_key):
     poor = make_funded_key(LOW_BALANCE)
 
