@@ -38,7 +38,21 @@ def fresh_metrics_directory() -> str:
 metrics_directory_is_ours = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 metrics_directory = fresh_metrics_directory()
 
-bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
+
+def listening_address(environ: dict[str, str]) -> str:
+    """Return HOST, else loopback in development (the default) and every interface otherwise.
+
+    A development server prints a demo key: only this machine should reach it unless
+    HOST says otherwise. A deployed one is reached through its platform or proxy.
+    """
+    if environ.get("HOST"):
+        return environ["HOST"]
+    return "127.0.0.1" if environ.get("APP_ENV", "development") == "development" else "0.0.0.0"
+
+
+host, port = listening_address(os.environ), os.environ.get("PORT", "8000")
+# An IPv6 address is bracketed before its port, as gunicorn reads a bind.
+bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_class = "gevent"
 worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "1000"))
@@ -64,6 +78,11 @@ errorlog = "-"
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 
 
+def address_url(address: str) -> str:
+    """Return a bind address as gunicorn names a listener: ``http://host:port``, or a socket."""
+    return address if address.startswith(("unix:", "fd://")) else f"http://{address}"
+
+
 class GatewayLogger(Logger):
     """gunicorn's own lines (boot, worker exits) in the app's format, and no access lines."""
 
@@ -74,6 +93,16 @@ class GatewayLogger(Logger):
 
         for handler in self.error_log.handlers:
             handler.setFormatter(formatter_for(os.environ.get("LOG_FORMAT", "text")))
+
+    def info(self, msg, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        """Log as gunicorn does, but name the address in its "Listening at" line.
+
+        With reuse_port the master binds no socket, and gunicorn would list none there:
+        the line would not say whether the server is reachable from other machines.
+        """
+        if msg.startswith("Listening at:") and args and not args[0]:
+            args = (", ".join(map(address_url, self.cfg.bind)), *args[1:])
+        super().info(msg, *args, **kwargs)
 
     def access(self, resp, req, environ, request_time):  # noqa: ANN001, ANN201
         """Write nothing: the app writes the request's one access line itself."""

@@ -88,7 +88,7 @@ def test_the_environment_page_lists_every_variable_in_one_table():
     page = (ROOT / "docs" / "operating" / "environment.md").read_text()
     table = page.split("| variable | default | meaning |\n", 1)[1].split("\n\n", 1)[0]
     listed = {row.split("`")[1] for row in table.splitlines() if row.startswith("| `")}
-    gunicorn = {"PORT", "WEB_CONCURRENCY", "WORKER_CONNECTIONS", "PROMETHEUS_MULTIPROC_DIR"}
+    gunicorn = {"HOST", "PORT", "WEB_CONCURRENCY", "WORKER_CONNECTIONS", "PROMETHEUS_MULTIPROC_DIR"}
     read = {variable for variable, _, _ in ENVIRONMENT_MAP} | gunicorn | {"APP_ENV", "FLASK_APP"}
     assert read <= listed, f"not in the table: {sorted(read - listed)}"
     assert all(line.startswith("|") for line in table.splitlines())

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import g, request
 
-from app.auth.errors import InvalidKey, KeyRevoked
+from app.auth.errors import NO_KEY, NOT_BEARER, InvalidKey, KeyRevoked
 from app.auth.keys import Caller, find_caller
 from app.auth.models import ACTIVE
 
@@ -30,6 +30,15 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     OpenAI SDKs as a bearer. A bearer wins when both come.
     """
     return bearer_token(headers.get("Authorization")) or headers.get("x-api-key") or None
+
+
+def key_sent_as(headers: Mapping[str, str]) -> str | None:
+    """Return the header the request's key came in (as presented_key reads it), or None."""
+    if bearer_token(headers.get("Authorization")):
+        return "Authorization: Bearer"
+    if headers.get("x-api-key"):
+        return "x-api-key"
+    return NOT_BEARER if headers.get("Authorization") else NO_KEY
 
 
 def request_caller() -> Caller | None:
@@ -54,7 +63,7 @@ def require_api_key(view: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         caller = request_caller()
         if caller is None:
-            raise InvalidKey()
+            raise InvalidKey(key_sent_as(request.headers))
         if caller.state != ACTIVE:
             raise KeyRevoked()
         g.caller = caller

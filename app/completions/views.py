@@ -16,7 +16,7 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
-from app.generations.refusals import forwarded_surcharges
+from app.generations.refusals import forwarded_surcharges, output_field_named
 from app.request_body import json_body
 from app.sse import event_stream_response
 
@@ -31,14 +31,17 @@ def create_chat_completion() -> Response:
     chat_request = parse_chat_request(json_body(request))
     model = current_catalog().resolve(chat_request.model, may_use=g.caller.may_use)
     chat_request = model.with_defaults(chat_request)
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        request=chat_request,
-        hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
-        generation_id=claimed_generation_id(),
-        surcharges=forwarded_surcharges(chat_request, model),
-    )
+    # The caller's own name for the output cap: the alias they sent, else max_tokens.
+    field = "max_completion_tokens" if "max_completion_tokens" in chat_request.params else None
+    with output_field_named(field or "max_tokens"):
+        generation = start_generation(
+            caller=g.caller,
+            model=model,
+            request=chat_request,
+            hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+            generation_id=claimed_generation_id(),
+            surcharges=forwarded_surcharges(chat_request, model),
+        )
     if chat_request.stream:
         chunks = chunk_bodies(generation, stream_generation(generation))
         return event_stream_response(chunks, CHAT_FRAMING)

@@ -6,12 +6,39 @@ from app.errors import APIError
 
 
 class InsufficientCredits(APIError):
-    """The available balance cannot cover the request's worst-case cost (402)."""
+    """The available balance cannot cover the request's worst-case cost (402).
+
+    When a smaller output cap would fit, the refusal says how small, by the name of the
+    field the caller sets it with. That name is the door's (``max_output_tokens`` on
+    Responses, ``max_tokens`` on Messages): the core raises the refusal with ``max_tokens``
+    and the door that took the request renames it (``name_output_field``).
+    """
 
     status = 402
     type = "insufficient_quota"
     code = "insufficient_quota"
     default_message = "Insufficient credits: add credits to the account to continue."
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        affordable: int = 0,
+        then: str = "",
+        output_field: str = "max_tokens",
+    ) -> None:
+        self.reason, self.affordable, self.then = message, affordable, then
+        super().__init__(self._worded(output_field))
+
+    def name_output_field(self, output_field: str) -> None:
+        """Say the cap that would fit as the field ``output_field`` of the caller's door."""
+        self.message = self._worded(output_field)
+        self.args = (self.message,)
+
+    def _worded(self, output_field: str) -> str | None:
+        if self.reason is None or self.affordable <= 0:
+            return self.reason
+        return f"{self.reason} Set {output_field} to at most {self.affordable}, {self.then}"
 
 
 class GrantOutOfRange(ValueError):

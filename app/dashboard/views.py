@@ -22,7 +22,7 @@ from flask import (
 )
 from flask_login import current_user, login_required, logout_user
 from flask_wtf.csrf import CSRFError
-from werkzeug.exceptions import Forbidden, NotFound
+from werkzeug.exceptions import Forbidden, MethodNotAllowed, NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from app.accounts import keys, members
@@ -54,6 +54,7 @@ from app.dashboard.quickstart import client_configurations
 from app.dashboard.security import ATTEMPT_LIMITS, admin_required, current_actor, role_required
 from app.dashboard.session import start_session
 from app.database import utcnow
+from app.errors import handle_http_exception
 from app.extensions import API_PREFIX, csrf, db
 from app.ratelimits import RateLimitExceeded, limiter
 
@@ -135,6 +136,36 @@ def too_many_requests(error: RateLimitExceeded) -> tuple[str, int]:
     return render_template("dashboard/error.html", title="Slow down", message=message), 429
 
 
+# Paths the API's clients call: their errors stay JSON, in their door's envelope, whatever
+# their Accept header says (a client may well accept text/html).
+API_PATHS = (f"{API_PREFIX}/", "/healthz", "/readyz", "/metrics")
+
+
+def wants_a_page() -> bool:
+    """Return whether the request is a browser's for a page: not an API path, HTML first.
+
+    A browser asks for ``text/html`` before anything else; the SDKs, curl and the probes
+    ask for JSON or ``*/*``, and get the API's JSON envelope.
+    """
+    if request.path == API_PREFIX or request.path.startswith(API_PATHS):
+        return False
+    return request.accept_mimetypes.best_match(("application/json", "text/html")) == "text/html"
+
+
+@bp.app_errorhandler(NotFound)
+@bp.app_errorhandler(MethodNotAllowed)
+def page_or_envelope(error: NotFound | MethodNotAllowed) -> Response:
+    """Answer a browser lost outside the dashboard with its error page, an API client in JSON."""
+    if not wants_a_page():
+        return handle_http_exception(error)
+    if isinstance(error, MethodNotAllowed):
+        title, message = "Not allowed", "This page cannot be used that way. Go back and try again."
+    else:
+        title, message = "Not found", "There is no page at this address."
+    page = render_template("dashboard/error.html", title=title, message=message)
+    return set_security_headers(Response(page, error.code, mimetype="text/html"))
+
+
 @bp.get("/")
 def home() -> BaseResponse:
     """Send holders to their keys, everyone else to sign in."""
@@ -154,6 +185,14 @@ def sign_in() -> BaseResponse | str | tuple[str, int]:
         flash("Incorrect email or password.", "error")
         return render_template("dashboard/sign_in.html", form=form), 401
     return render_template("dashboard/sign_in.html", form=form)
+
+
+@bp.get("/signout")
+def confirm_sign_out() -> BaseResponse | str:
+    """Offer the sign-out button: signing out is a form posted with its CSRF token."""
+    if not current_user.is_authenticated:
+        return redirect(url_for(".sign_in"))
+    return render_template("dashboard/sign_out.html")
 
 
 @bp.post("/signout")

@@ -5,6 +5,8 @@ Checked before anything is held or run; each refusal says what to change.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal
 
@@ -129,16 +131,14 @@ def insufficient_credits(
         // request.choice_count
     )
     if isinstance(shortfall, BudgetShortfall):
-        return InsufficientCredits(_budget_message(shortfall, affordable))
+        return _budget_refusal(shortfall, affordable)
     message = (
         f"Insufficient credits: this request may cost up to ${shortfall.requested:f} "
         f"but the available balance is ${max(shortfall.available, Decimal(0)):f}."
     )
     if affordable > 0:
-        message += f" Set max_tokens to at most {affordable}, or add credits."
-    else:
-        message += " Add credits to continue."
-    return InsufficientCredits(message)
+        return InsufficientCredits(message, affordable=affordable, then="or add credits.")
+    return InsufficientCredits(message + " Add credits to continue.")
 
 
 # How a refusal names a budget's window, and the window after it.
@@ -150,7 +150,7 @@ _WINDOW_NAMES = {
 }
 
 
-def _budget_message(shortfall: BudgetShortfall, affordable: int) -> str:
+def _budget_refusal(shortfall: BudgetShortfall, affordable: int) -> InsufficientCredits:
     """Say which budget refused the hold (the key's or its member's), and what it leaves."""
     period, next_window = _WINDOW_NAMES[shortfall.window]
     left = "this month (UTC)" if shortfall.window == MONTH else "in this window"
@@ -164,5 +164,15 @@ def _budget_message(shortfall: BudgetShortfall, affordable: int) -> str:
         f"left {left}."
     )
     if affordable > 0:
-        return message + f" Set max_tokens to at most {affordable}, or raise {raised}."
-    return message + f" Raise {raised} or wait for {next_window}."
+        return InsufficientCredits(message, affordable=affordable, then=f"or raise {raised}.")
+    return InsufficientCredits(message + f" Raise {raised} or wait for {next_window}.")
+
+
+@contextmanager
+def output_field_named(output_field: str) -> Iterator[None]:
+    """Name the output cap in a refusal raised inside as the door's ``output_field``."""
+    try:
+        yield
+    except InsufficientCredits as refusal:
+        refusal.name_output_field(output_field)
+        raise

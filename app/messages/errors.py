@@ -14,12 +14,16 @@ from typing import Any
 
 from flask import request
 
+from app.auth.errors import InvalidKey
 from app.catalog.errors import UnknownModel
 from app.errors import APIError
 from app.generations.errors import ContextLengthExceeded
 from app.providers.errors import UpstreamTimeout, UpstreamUnavailable
 
 OVERLOADED = 529
+# The Messages door reads a key from either header: Anthropic's SDKs send x-api-key, or a
+# bearer for an auth token (Claude Code's ANTHROPIC_AUTH_TOKEN).
+KEY_HEADERS = "'x-api-key: <key>' or 'Authorization: Bearer <key>'"
 # Anthropic's error type for each status the gateway answers with.
 TYPES = {
     400: "invalid_request_error",
@@ -53,10 +57,13 @@ def message_of(error: APIError) -> str:
     """Return ``error``'s message, in Anthropic's words where clients match them.
 
     Claude Code compacts the conversation when a prompt is too long, recognising it by
-    Anthropic's sentence and numbers.
+    Anthropic's sentence and numbers. A refused key is asked for in either header this
+    door reads.
     """
     if isinstance(error, ContextLengthExceeded) and error.limit:
         return f"prompt is too long: {error.tokens} tokens > {error.limit} maximum"
+    if isinstance(error, InvalidKey):
+        return error.worded(KEY_HEADERS)
     return error.message
 
 

@@ -22,6 +22,7 @@ from app.generations.lifecycle import (
 from app.generations.metering import DeliveryMeter
 from app.generations.models import MESSAGES
 from app.generations.prompts import TranslatedPrompt, sent_prompt
+from app.generations.refusals import output_field_named
 from app.messages.bodies import MESSAGES_FRAMING, new_message_id
 from app.messages.native import (
     SENT_BODY,
@@ -55,19 +56,20 @@ def create_message() -> Response:
     messages_request = parse_messages_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
     passed_through = bool(native_routes(model, MESSAGES))
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        request=passed_request(messages_request, model)
-        if passed_through
-        else model.with_defaults(chat_request(messages_request, model)),
-        hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
-        generation_id=claimed_generation_id() or new_message_id(),
-        api=MESSAGES,
-        # A translated route is sent neither server tools nor a tier: nothing to bill.
-        surcharges=surcharges_of(body) if passed_through else NO_SURCHARGES,
-        prompt=sent_prompt(body, SENT_BODY, model) if passed_through else None,
-    )
+    with output_field_named("max_tokens"):
+        generation = start_generation(
+            caller=g.caller,
+            model=model,
+            request=passed_request(messages_request, model)
+            if passed_through
+            else model.with_defaults(chat_request(messages_request, model)),
+            hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+            generation_id=claimed_generation_id() or new_message_id(),
+            api=MESSAGES,
+            # A translated route is sent neither server tools nor a tier: nothing to bill.
+            surcharges=surcharges_of(body) if passed_through else NO_SURCHARGES,
+            prompt=sent_prompt(body, SENT_BODY, model) if passed_through else None,
+        )
     if passed_through:
         return relayed_message(generation, body, stream=messages_request.stream)
     omitted = thinking_omitted(messages_request)

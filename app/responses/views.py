@@ -23,6 +23,7 @@ from app.generations.lifecycle import (
 from app.generations.metering import DeliveryMeter
 from app.generations.models import RESPONSES
 from app.generations.prompts import sent_prompt
+from app.generations.refusals import output_field_named
 from app.request_body import json_body
 from app.responses.bodies import EventWriter
 from app.responses.conversation import Turn
@@ -68,18 +69,19 @@ def create_response() -> Response:
         sent=sent_items(body, response_request) if passed_through else None,
     )
     forwarded = forwarded_body(turn, body) if passed_through else None
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        request=passed_request(response_request)
-        if forwarded is not None
-        else model.with_defaults(turn.chat_request()),
-        hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
-        generation_id=turn.draft.id,
-        api=RESPONSES,
-        surcharges=surcharges_of(body, passed_through=passed_through),
-        prompt=sent_prompt(forwarded, SENT_BODY, model) if forwarded is not None else None,
-    )
+    with output_field_named("max_output_tokens"):
+        generation = start_generation(
+            caller=g.caller,
+            model=model,
+            request=passed_request(response_request)
+            if forwarded is not None
+            else model.with_defaults(turn.chat_request()),
+            hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+            generation_id=turn.draft.id,
+            api=RESPONSES,
+            surcharges=surcharges_of(body, passed_through=passed_through),
+            prompt=sent_prompt(forwarded, SENT_BODY, model) if forwarded is not None else None,
+        )
     if forwarded is not None:
         return relayed_response(turn, generation, forwarded)
     if response_request.stream:

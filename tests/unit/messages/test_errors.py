@@ -36,7 +36,23 @@ def test_each_error_gets_anthropics_status_and_type(error, status, kind):
     rendered_status, body = render(error)
 
     assert rendered_status == status
-    assert body == {"type": "error", "error": {"type": kind, "message": error.message}}
+    message = error.message if not isinstance(error, InvalidKey) else body["error"]["message"]
+    assert body == {"type": "error", "error": {"type": kind, "message": message}}
+
+
+@pytest.mark.parametrize(
+    ("sent_as", "said"),
+    [
+        (None, "the request sent no key"),
+        ("Authorization", "does not say 'Bearer <key>'"),
+        ("x-api-key", "the key sent as 'x-api-key' is not an active key"),
+    ],
+)
+def test_a_refused_key_is_asked_for_in_either_header_this_door_reads(sent_as, said):
+    message = render(InvalidKey(sent_as))[1]["error"]["message"]
+
+    assert said in message
+    assert message.endswith("'x-api-key: <key>' or 'Authorization: Bearer <key>'.")
 
 
 def test_a_prompt_too_long_reads_as_anthropics_sentence_claude_code_compacts_on():
