@@ -34,7 +34,13 @@ from app.accounts.models import MEMBER, Membership
 from app.accounts.organisations import create_account, owner_membership
 from app.auth import keys
 from app.auth.models import ACTIVE, ApiKey
-from app.catalog.pricing import Pricing, cost_of, worst_case_cost
+from app.catalog.pricing import (
+    NO_SURCHARGES,
+    PER_MILLION,
+    Pricing,
+    Surcharges,
+    worst_case_cost,
+)
 from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
 from app.credits import ledger, statements
@@ -44,16 +50,19 @@ from app.database import Money
 from app.encoding import dumps
 from app.extensions import db
 from app.generations import audit as audit_module
-from app.generations import idempotency, retention
+from app.generations import idempotency, prompts, retention
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
-from app.generations.lifecycle import Generation
+from app.generations.lifecycle import Generation, relay_generation
+from app.generations.metering import DeliveryMeter
 from app.generations.models import CHAT, MESSAGES, RESPONSES
 from app.generations.models import Generation as GenerationRecord
+from app.messages import native
 from app.messages.schemas import parse_messages_request
 from app.messages.translation import StreamTranslation as MessagesStream
 from app.messages.translation import chat_request as translated_request
 from app.messages.translation import message_of
+from app.money import to_money
 from app.providers import cooldown
 from app.providers.base import ChatRequest, Route, RouteTarget, Usage
 from app.providers.cooldown import LocalCooldowns, cooldown_policy, upstream_cooldowns
@@ -74,7 +83,7 @@ from app.sweeper import (
     sweep_expired_holds,
     sweep_interval,
 )
-from tests.simulation.upstream import SCRIPT_FIELD, SimulatedAdapter
+from tests.simulation.upstream import SCRIPT_FIELD, SimulatedAdapter, SimulatedNativeAdapter, words
 
 UNAUTHORIZED, REVOKED, INSUFFICIENT, NOT_FOUND = 401, 403, 402, 404
 # How long a stored response is kept (the default of RESPONSES_TTL_DAYS), in seconds.
@@ -212,6 +221,22 @@ class Workers:
         finally:
             self.serving = None
 
+    def start_native(
+        self,
+        worker: int,
+        key_value: str,
+        model: Model,
+        body: dict[str, Any],
+        clock: SimulatedClock,
+        ttl: int,
+    ) -> Generation | Shortage | int:
+        """``start_native`` in ``worker``, which renews its hold from then on."""
+        self.serving = worker
+        try:
+            return start_native(key_value, model, body, clock, ttl)
+        finally:
+            self.serving = None
+
     def kill(self, worker: int, running: Iterable[Generation]) -> None:
         """The worker died with ``running``: none settles, none of their holds is renewed."""
         for generation in running:
@@ -256,15 +281,69 @@ def simulated_models(adapter: SimulatedAdapter) -> list[Model]:
     return models
 
 
+# The passed-through model: cache writes of each TTL and web searches priced apart.
+NATIVE_MODEL = "sim-native"
+NATIVE_PRICES = {
+    "prompt": "0.50",
+    "completion": "1.50",
+    "cached_read": "0.05",
+    "cache_write": "0.625",
+    "cache_write_1h": "1.00",
+}
+WEB_SEARCH_PRICE = Decimal("0.0002")
+
+
+def native_model(adapter: SimulatedNativeAdapter) -> Model:
+    """The model whose Messages requests pass through to ``adapter`` untranslated."""
+    prices = {name: Decimal(amount) for name, amount in NATIVE_PRICES.items()}
+    target = RouteTarget(upstream_model=NATIVE_MODEL, max_output_tokens=1024)
+    return Model(
+        id=NATIVE_MODEL,
+        owned_by="simulation",
+        context_length=8192,
+        max_output_tokens=1024,
+        capabilities=frozenset(),
+        pricing=Pricing(image=Decimal(0), tool_calls={"web_search": WEB_SEARCH_PRICE}, **prices),
+        routes=(Route(adapter=adapter, target=target),),
+    )
+
+
 def price(usage: Usage, model: Model) -> Decimal:
-    """What ``usage`` costs at the model's catalog prices."""
-    return cost_of(usage, model.pricing)
+    """What ``usage`` costs at the catalog's prices, each kind of token at its own rate.
+
+    Stated here apart from the gateway's pricing, so that a charge is checked against
+    the catalog, not against the code that made it.
+    """
+    rates = model.pricing
+    write_5m = usage.cache_write_tokens - usage.cache_write_1h_tokens
+    plain = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
+    micro_usd = (
+        plain * rates.prompt
+        + usage.cached_tokens * rates.cached_read
+        + write_5m * rates.cache_write
+        + usage.cache_write_1h_tokens * rates.cache_write_1h
+        + usage.completion_tokens * rates.completion
+    )
+    calls = sum(
+        (count * rates.tool_calls[tool] for tool, count in (usage.tool_calls or {}).items()),
+        Decimal(0),
+    )
+    return to_money(micro_usd / PER_MILLION + calls)
 
 
-def worst_case(model: Model, *, prompt_tokens: int, max_tokens: int) -> Decimal:
+def worst_case(
+    model: Model,
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    surcharges: Surcharges = NO_SURCHARGES,
+) -> Decimal:
     """The most a request can cost: what its hold must cover."""
     return worst_case_cost(
-        prompt_tokens=prompt_tokens, completion_tokens=max_tokens, pricing=model.pricing
+        prompt_tokens=prompt_tokens,
+        completion_tokens=max_tokens,
+        pricing=model.pricing,
+        surcharges=surcharges,
     )
 
 
@@ -364,6 +443,70 @@ def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) ->
         include_usage=stream and number % 2 == 0,
         extra={SCRIPT_FIELD: number},
     )
+
+
+def native_body(
+    number: int, model: Model, *, max_tokens: int, found: int, searches: int
+) -> dict[str, Any]:
+    """The Messages body of passed-through request ``number``.
+
+    Most of its prompt sits in a ``search_result`` block, which the translation does not
+    read (``found`` words of it); it offers web search, ``searches`` calls at most.
+    """
+    result = {
+        "type": "search_result",
+        "source": f"https://example.com/{number}",
+        "title": f"result {number}",
+        "content": [{"type": "text", "text": words(found)}],
+    }
+    question = {"type": "text", "text": f"simulated request {number}"}
+    return {
+        "model": model.id,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": [result, question]}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": searches}],
+        SCRIPT_FIELD: number,
+    }
+
+
+def native_terms(body: dict[str, Any], model: Model) -> tuple[int, Surcharges]:
+    """The prompt tokens the gateway counts in ``body``, and the surcharges it holds for."""
+    prompt = prompts.sent_prompt(body, native.SENT_BODY, model)
+    return prompt.count(), native.surcharges_of(body)
+
+
+def start_native(
+    key_value: str, model: Model, body: dict[str, Any], clock: SimulatedClock, ttl: int
+) -> Generation | Shortage | int:
+    """Start a Messages request passed through, as its door does; or return why not."""
+    caller = keys.find_caller(key_value)
+    if caller is None or caller.state != ACTIVE:
+        db.session.rollback()
+        return UNAUTHORIZED if caller is None else REVOKED
+    try:
+        generation = generations.start_generation(
+            caller=caller,
+            model=model,
+            request=native.passed_request(parse_messages_request(body), model),
+            hold_ttl_seconds=ttl,
+            api=MESSAGES,
+            surcharges=native.surcharges_of(body),
+            prompt=prompts.sent_prompt(body, native.SENT_BODY, model),
+        )
+    except InsufficientCredits as refusal:
+        db.session.rollback()
+        return shortage(refusal)
+    generation.started = clock.monotonic()
+    return generation
+
+
+def relay_whole(generation: Generation, body: dict[str, Any]) -> dict[str, Any]:
+    """Pass a whole request through; return the Message its caller is answered."""
+    call = native.native_call(body, generation, {}, stream=False)
+    answer, usage, cost = relay_generation(
+        generation, call, native.whole_outcome(DeliveryMeter(generation))
+    )
+    return native.answered(answer.decoded, generation, cost, usage)
 
 
 def start(
@@ -953,6 +1096,16 @@ def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> Non
 def plant_progress_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the sweeper on purpose: what a stream delivered is never recorded."""
     monkeypatch.setattr(sweeper, "progress_of", lambda generation: None)
+
+
+def plant_uncounted_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the prompt counter on purpose: a body's ``search_result`` blocks are skipped."""
+    counted_as_media = prompts.counted_as_media
+
+    def skipping_search_results(block: dict[str, Any], *args: Any) -> bool:
+        return block.get("type") == "search_result" or counted_as_media(block, *args)
+
+    monkeypatch.setattr(prompts, "counted_as_media", skipping_search_results)
 
 
 def plant_chains_of_any_account(monkeypatch: pytest.MonkeyPatch) -> None:

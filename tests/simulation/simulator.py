@@ -30,7 +30,12 @@ from app.providers.base import Usage
 from app.providers.errors import UpstreamError
 from tests.simulation import driver
 from tests.simulation.budget_model import BALANCE, KEY, MEMBER, BudgetModel, Counters, Forecast
-from tests.simulation.upstream import SimulatedAdapter, UpstreamScript
+from tests.simulation.upstream import (
+    NativeUsage,
+    SimulatedAdapter,
+    SimulatedNativeAdapter,
+    UpstreamScript,
+)
 
 # Far in the future, so that no other process's sweeper (its clock is the real one)
 # releases a simulated hold; an hour before a month ends, so long runs cross into the next.
@@ -51,6 +56,8 @@ LITTLE = Decimal("0.0002")
 # Time waits for windows' ends only this far into a run: on PostgreSQL, every month it
 # reaches gives the partitioned tables a partition more.
 WAITS_WITHIN = timedelta(days=92).total_seconds()
+# Every this many requests is a Messages request passed through whole, untranslated.
+NATIVE_EVERY = 8
 
 
 # How a 402 names each limit the model foretells, and how a hold past it is told.
@@ -161,6 +168,13 @@ class SimRequest:
     store: bool = False
     previous: str | None = None
     turn: Any = None
+    # A request passed through: the body sent as it is, and what it may be billed for
+    # beyond tokens (its web searches).
+    body: dict[str, Any] | None = None
+    surcharges: Any = None
+    # The prompt tokens its hold was sized by: the prompt's bound, or its count when the
+    # bound did not fit. An estimate of its usage never counts the prompt lower.
+    held_prompt: int = 0
 
     @property
     def name(self) -> str:
@@ -190,6 +204,11 @@ class Simulation:
         self.processes = driver.Workers(monkeypatch)
         self.adapter = SimulatedAdapter()
         self.models = driver.simulated_models(self.adapter)
+        self.native_adapter = SimulatedNativeAdapter()
+        self.native_model = driver.native_model(self.native_adapter)
+        # What the passed-through requests' bodies and upstream answer hold is drawn from
+        # a generator of its own, so that they leave the rest of the schedule as it was.
+        self.native_random = random.Random(f"passed through {seed}")
         self.ttl = int(app.config["HOLD_TTL_SECONDS"])
         self.read_timeout = self.adapter.upstream.read_timeout
         self.sweep_every = driver.sweep_period(self.ttl)
@@ -334,6 +353,8 @@ class Simulation:
             key, value, expected = self.pick_key(account)
         stream = self.random.random() < 0.6
         request = self.new_request(account, key, model, stream=stream, max_tokens=max_tokens)
+        if request.number % NATIVE_EVERY == 0:
+            return self.start_native(request, value, expected)
         if self.random.random() < 0.35:
             return self.start_response(request, value, expected)
         if not stream and self.random.random() < 0.35:
@@ -377,6 +398,45 @@ class Simulation:
             outcome, request.turn = outcome
         described = self.started(request, outcome, expected, forecast)
         return f"start {request.name} max_tokens={request.max_tokens}: {described}"
+
+    def start_native(self, request: SimRequest, value: str, expected: int | None) -> str:
+        """The request is a whole Messages one, passed through to an upstream that serves them.
+
+        Most of its prompt sits in a ``search_result`` block, which only the body's
+        counting reads; the upstream answers with cache reads, writes of both TTLs and web
+        searches, which its charge must price at the catalog's rates.
+        """
+        draw = self.native_random
+        request.api, request.stream, request.model = "native", False, self.native_model
+        searches = draw.randint(1, 3)
+        request.body = driver.native_body(
+            request.number,
+            request.model,
+            max_tokens=request.max_tokens,
+            found=draw.randint(20, 600),
+            searches=searches,
+        )
+        counted, request.surcharges = driver.native_terms(request.body, request.model)
+        script = request.script
+        script.prompt_estimate, script.bound_factor = counted, 1
+        self.native_adapter.scripts[request.number] = script
+        self.native_adapter.split[request.number] = self.native_split(searches)
+        forecast = self.forecast(request) if expected is None else None
+        outcome = self.processes.start_native(
+            request.worker, value, request.model, request.body, self.clock, self.ttl
+        )
+        described = self.started(request, outcome, expected, forecast)
+        return f"start {request.name} max_tokens={request.max_tokens}: {described}"
+
+    def native_split(self, searches: int) -> NativeUsage:
+        """How the upstream splits a prompt it reads (of at least 20 words) and its searches."""
+        draw = self.native_random
+        return NativeUsage(
+            cache_read=draw.choice([0, 0, 4]),
+            write_5m=draw.choice([0, 5, 7]),
+            write_1h=draw.choice([0, 3, 9]),
+            web_searches=draw.randint(0, searches),
+        )
 
     def continuable(self, request: SimRequest) -> bool:
         """Whether the response the request continues is its account's and still kept.
@@ -442,7 +502,12 @@ class Simulation:
         """
         script, now = request.script, self.clock.now()
         bound, counted = (
-            driver.worst_case(request.model, prompt_tokens=tokens, max_tokens=request.max_tokens)
+            driver.worst_case(
+                request.model,
+                prompt_tokens=tokens,
+                max_tokens=request.max_tokens,
+                surcharges=request.surcharges or driver.NO_SURCHARGES,
+            )
             for tokens in (script.prompt_bound, script.prompt_estimate)
         )
         account_id = request.account.id
@@ -478,6 +543,9 @@ class Simulation:
         self.hold_owners[hold_id] = request
         self.live.append(request)
         self.check_held(request, amount, forecast)
+        script = request.script
+        sized_by_bound = forecast.resized_by is None
+        request.held_prompt = script.prompt_bound if sized_by_bound else script.prompt_estimate
         self.budgets.hold(hold_id, request.key.id, amount, self.clock.now())
         return f"held ${amount}"
 
@@ -632,7 +700,9 @@ class Simulation:
         it at once, or by a later step of its worker (which may die first).
         """
         try:
-            if request.turn is not None:
+            if request.body is not None:
+                body = self.relay_whole(request)
+            elif request.turn is not None:
                 body = driver.complete_response(request.generation, request.turn)
             else:
                 body = driver.complete(request.generation)
@@ -650,6 +720,39 @@ class Simulation:
             else:
                 self.unstored.append(request)
         return described
+
+    def relay_whole(self, request: SimRequest) -> dict[str, Any]:
+        """Pass the request through; what its upstream was sent must be paid for by its hold.
+
+        The worst case of what the upstream read (its prompt, by its own count, and the
+        ``max_tokens`` and searches it was allowed) never passes the hold: the hold is what
+        the balance and the budgets were found to pay.
+        """
+        try:
+            return driver.relay_whole(request.generation, request.body)
+        finally:
+            self.check_sent(request)
+
+    def check_sent(self, request: SimRequest) -> None:
+        """The worst case of what the request's upstream was sent is within its hold."""
+        script = request.script
+        if script.sent_prompt is None:
+            return
+        worst = driver.worst_case(
+            request.model,
+            prompt_tokens=script.sent_prompt,
+            max_tokens=script.sent_max_tokens,
+            surcharges=request.surcharges,
+        )
+        _, held = driver.hold_of(request.generation)
+        if worst > held:
+            self.fail(
+                [
+                    f"{request.name}: its upstream was sent {script.sent_prompt} prompt tokens "
+                    f"and max_tokens {script.sent_max_tokens}, worth up to ${worst}, past its "
+                    f"hold of ${held} (the prompt counted {script.prompt_estimate} tokens)"
+                ]
+            )
 
     def store(self, request: SimRequest) -> None:
         """Store the request's whole answer under its Idempotency-Key."""
@@ -871,12 +974,29 @@ class Simulation:
     def expected_usage(self, request: SimRequest, completed: bool) -> Usage:
         """What the request is billed for: the upstream's count, or what was delivered."""
         script = request.script
+        if completed and request.body is not None:
+            return self.native_usage(request)
         if completed and script.reported is not None:
             return script.reported
         if request.delivered == 0:
             return Usage()
-        prompt = script.prompt_estimate if script.early_prompt is None else script.early_prompt
+        prompt = request.held_prompt if script.early_prompt is None else script.early_prompt
+        if completed and not request.stream:
+            # The simulated upstream's adapter counts a whole answer's usage itself.
+            prompt = script.prompt_estimate
         return Usage(prompt_tokens=prompt, completion_tokens=request.delivered)
+
+    def native_usage(self, request: SimRequest) -> Usage:
+        """What a passed-through request's upstream reported, in the gateway's terms."""
+        split = self.native_adapter.split[request.number]
+        return Usage(
+            prompt_tokens=request.script.sent_prompt,
+            completion_tokens=request.script.completion_tokens,
+            cached_tokens=split.cache_read,
+            cache_write_tokens=split.write_5m + split.write_1h,
+            cache_write_1h_tokens=split.write_1h,
+            tool_calls={"web_search": split.web_searches} if split.web_searches else None,
+        )
 
     def check_settlement(
         self, request: SimRequest, usage: Usage, expected: Decimal, *, shortfall: Decimal

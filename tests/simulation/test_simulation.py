@@ -107,3 +107,12 @@ def test_a_response_continued_by_another_account_is_caught(disposable_app, monke
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
     with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*(should get|expected) 404"):
         simulation.run()
+
+
+def test_a_block_the_prompt_counter_skips_is_caught(disposable_app, monkeypatch):
+    driver.plant_uncounted_block(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(
+        SimulationFailure, match=r"(?s)seed 2, step \d+.*its upstream was sent .* past its hold"
+    ):
+        simulation.run()

@@ -7,6 +7,7 @@ request's ``UpstreamScript`` before the request starts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from app.providers.base import (
     ChatRequest,
     Chunk,
     Completion,
+    NativeAnswer,
+    NativeCall,
     RouteTarget,
     UpstreamConfig,
     Usage,
@@ -44,11 +47,18 @@ class UpstreamScript:
     # Set by the simulator when the upstream has been silent for longer than its read
     # timeout: the next read fails, as it would through ``requests``.
     timed_out: bool = False
+    # How far above its count the gateway bounds the prompt before counting it (a body
+    # passed through is counted at once: its bound is its count).
+    bound_factor: int = 2
+    # A body passed through: what its upstream was sent, read by the upstream's own
+    # rules (the words of every text of its messages), and the ``max_tokens`` it got.
+    sent_prompt: int | None = None
+    sent_max_tokens: int | None = None
 
     @property
     def prompt_bound(self) -> int:
         """The bound of the prompt's tokens the gateway sizes a hold by before it counts."""
-        return 2 * self.prompt_estimate
+        return self.bound_factor * self.prompt_estimate
 
     @property
     def completion_tokens(self) -> int:
@@ -128,3 +138,79 @@ class SimulatedAdapter(Adapter):
             raise UpstreamError("The simulated upstream broke off before its usage.")
         if script.reported is not None:
             yield Chunk(choices=[], usage=script.reported)
+
+
+@dataclass(frozen=True)
+class NativeUsage:
+    """How an upstream that passes Messages through splits the prompt it read.
+
+    Of the prompt, ``cache_read`` tokens came from its cache, ``write_5m`` and
+    ``write_1h`` were written to it with either TTL; ``web_searches`` is how many server
+    web searches it ran.
+    """
+
+    cache_read: int = 0
+    write_5m: int = 0
+    write_1h: int = 0
+    web_searches: int = 0
+
+
+def texts_of(value: object) -> list[str]:
+    """Every string inside ``value``, at any depth (dicts' values only)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [text for item in value for text in texts_of(item)]
+    if isinstance(value, dict):
+        return texts_of(list(value.values()))
+    return []
+
+
+class SimulatedNativeAdapter(SimulatedAdapter):
+    """An upstream that serves Anthropic's Messages API itself: bodies pass through whole.
+
+    It reads the prompt of what it is sent by its own rule, the words of every text of
+    the messages (whatever block holds them), and answers with usage that splits them
+    into cache reads and writes of both TTLs, plus the web searches its script says.
+    """
+
+    native_apis = frozenset({"messages"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.upstream = UpstreamConfig(name="simulated-native", kind=self.kind, retries=0)
+        self.split: dict[int, NativeUsage] = {}
+
+    def relay(self, call: NativeCall, target: RouteTarget) -> NativeAnswer:
+        """Answer the body whole, as the script says; note what was sent first."""
+        number = call.body[SCRIPT_FIELD]
+        script, split = self.scripts[number], self.split[number]
+        script.sent_prompt = sum(len(t.split()) for t in texts_of(call.body["messages"]))
+        script.sent_max_tokens = call.body["max_tokens"]
+        if script.timed_out:
+            raise UpstreamTimeout()
+        if script.fail_before is not None:
+            raise UpstreamError("The simulated upstream failed.")
+        cached = split.cache_read + split.write_5m + split.write_1h
+        usage = {
+            "input_tokens": script.sent_prompt - cached,
+            "output_tokens": script.completion_tokens,
+            "cache_read_input_tokens": split.cache_read,
+            "cache_creation_input_tokens": split.write_5m + split.write_1h,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": split.write_5m,
+                "ephemeral_1h_input_tokens": split.write_1h,
+            },
+            "server_tool_use": {"web_search_requests": split.web_searches},
+        }
+        text = {"type": "text", "text": words(script.completion_tokens)}
+        message = {
+            "id": f"msg_sim{number}",
+            "type": "message",
+            "role": "assistant",
+            "content": [text],
+            "stop_reason": "end_turn",
+            "usage": usage,
+        }
+        body = json.dumps(message).encode()
+        return NativeAnswer(body=body, decoded=message)
