@@ -1,0 +1,121 @@
+"""``flask orgs ...``: organisations, their members and budgets."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import click
+
+from app.accounts import budgets
+from app.accounts.members import (
+    OPERATOR,
+    create_organisation,
+    find_member_by_email,
+    find_organisation,
+    invite_member,
+    list_members,
+    remove_member,
+)
+from app.accounts.models import ROLES
+from app.budgets import budget_state
+from app.cli.common import (
+    BASE_URL_OPTION,
+    INITIAL_USD,
+    USD_OR_NONE,
+    WINDOW_OPTION,
+    OperatorGroup,
+    operator_errors,
+)
+from app.credits import ledger
+from app.database import utcnow
+
+orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and budgets.")
+
+
+@orgs_cli.command("create")
+@click.argument("name")
+@click.option("--owner", "owner_email", required=True, help="The owner's email.")
+@click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
+def create_organisation_command(name: str, owner_email: str, amount: Decimal | None) -> None:
+    """Create the organisation NAME owned by --owner (a new person sets a password by invite)."""
+    with operator_errors():
+        account = create_organisation(name=name, owner_email=owner_email, actor=None)
+        if amount:
+            ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
+    click.echo(f"created organisation {account.id} {account.name!r} owned by {owner_email}")
+
+
+@orgs_cli.command("invite")
+@click.argument("org")
+@click.argument("email")
+@click.option("--role", type=click.Choice(ROLES), default="member", show_default=True)
+@BASE_URL_OPTION
+def invite_member_command(org: str, email: str, role: str, base_url: str) -> None:
+    """Print a one-time link, valid 24 hours, by which EMAIL joins ORG (id or name)."""
+    with operator_errors():
+        account = find_organisation(org)
+        token = invite_member(account.id, OPERATOR, email=email, role=role)
+    click.echo(f"invite for {email} to {account.name} as {role}, valid 24 hours, for one use:")
+    click.echo(f"{base_url.rstrip('/')}/invite/{token}")
+
+
+@orgs_cli.command("members")
+@click.argument("org")
+def list_members_command(org: str) -> None:
+    """List ORG's members (id or name).
+
+    Member id, role, email, since when, then the budget (or none), its window and what
+    was spent in the window so far.
+    """
+    with operator_errors():
+        account = find_organisation(org)
+        rows = list_members(account.id)
+    now = utcnow()
+    for row in rows:
+        member = row.membership
+        budget = budget_state(member, now)
+        amount = "none" if budget.amount is None else f"${budget.amount:f}"
+        click.echo(
+            f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}"
+            f"\t{amount}\t{budget.window}\t${budget.spent:f}"
+        )
+
+
+@orgs_cli.command("remove")
+@click.argument("org")
+@click.argument("email")
+def remove_member_command(org: str, email: str) -> None:
+    """Remove EMAIL from ORG (id or name): their keys are revoked at once."""
+    with operator_errors():
+        account = find_organisation(org)
+        revoked = remove_member(account.id, OPERATOR, find_member_by_email(account.id, email).id)
+    click.echo(f"removed {email} from {account.name}; revoked {revoked} keys")
+
+
+@orgs_cli.command("budget")
+@click.argument("org")
+@click.argument("email", required=False)
+@click.option("--usd", "amount", type=USD_OR_NONE, required=True, help="USD a window, or none.")
+@WINDOW_OPTION
+@click.option("--key", "key_id", type=int, help="Set the budget of this key of ORG instead.")
+def budget_command(
+    org: str, email: str | None, amount: Decimal | None, window: str, key_id: int | None
+) -> None:
+    """Set (or with --usd none, remove) the budget of ORG's member EMAIL, or of a key.
+
+    ORG is the organisation's id or name. A member's budget counts the spend of all
+    their keys.
+    """
+    if (email is None) == (key_id is None):
+        raise click.UsageError("name either a member's EMAIL or --key")
+    with operator_errors():
+        account = find_organisation(org)
+        if email is not None:
+            member = find_member_by_email(account.id, email)
+            budgets.set_member_budget(member.id, amount=amount, window=window)
+            subject = f"member {email}"
+        else:
+            budgets.set_key_budget(key_id, amount=amount, window=window, account_id=account.id)
+            subject = f"key {key_id}"
+    state = "no budget" if amount is None else f"${amount:f} a {window}"
+    click.echo(f"{subject} of {account.name}: {state}")
