@@ -57,7 +57,7 @@ def test_bad_budgets_are_refused_in_one_line(runner, app):
     other, _ = organisation_with_key(runner)
     key = ["--key", str(key_id)]
     cases = [
-        ([other, *key, "--usd", "1"], f"no API key with id {key_id}"),
+        ([other, *key, "--usd", "1"], f"API key {key_id} belongs to another organisation"),
         (
             [address, "nobody@example.com", "--usd", "1"],
             "nobody@example.com is no member of this organisation",

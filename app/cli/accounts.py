@@ -10,6 +10,7 @@ from app.accounts.links import OPERATOR_LINK_LIFETIME, invite_account_holder, is
 from app.accounts.organisations import create_account
 from app.cli.common import (
     BASE_URL_OPTION,
+    EMAIL,
     INITIAL_USD,
     OperatorGroup,
     operator_errors,
@@ -20,7 +21,7 @@ accounts_cli = OperatorGroup("accounts", help="Create accounts and invite their 
 
 
 @accounts_cli.command("create")
-@click.argument("email")
+@click.argument("email", type=EMAIL)
 @click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
 @click.option("--admin", is_flag=True, help="Make the account an administrator.")
 def create_account_command(email: str, amount: Decimal | None, admin: bool) -> None:

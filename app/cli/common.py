@@ -17,9 +17,8 @@ from app.accounts.errors import (
     LastOwner,
     MemberNotFound,
 )
-from app.accounts.members import (
-    find_organisation,
-)
+from app.accounts.members import find_organisation
+from app.accounts.organisations import is_email_address
 from app.alerts.endpoints import (
     EndpointNotFound,
     InvalidAlertSetting,
@@ -98,6 +97,21 @@ USD = UsdAmount()
 INITIAL_USD = UsdAmount(allow_zero=True)
 USD_LIMIT = UsdAmount(allow_zero=True)
 USD_OR_NONE = UsdAmount(allow_zero=True, allow_none=True)
+
+
+class EmailAddress(click.ParamType):
+    """One e-mail address, for a command that makes a person or invites one."""
+
+    name = "email"
+
+    def convert(self, value: object, param: object, ctx: object) -> str:
+        """Return ``value`` trimmed if it reads as one e-mail address."""
+        if not is_email_address(str(value)):
+            self.fail(f"{value!r} is not an e-mail address")
+        return str(value).strip()
+
+
+EMAIL = EmailAddress()
 
 
 class PercentOrNone(click.ParamType):

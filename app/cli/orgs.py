@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import click
 
-from app.accounts import budgets
+from app.accounts import budgets, keys
 from app.accounts.members import (
     OPERATOR,
     create_organisation,
@@ -14,12 +14,14 @@ from app.accounts.members import (
     find_organisation,
     invite_member,
     list_members,
+    organisations_named,
     remove_member,
 )
 from app.accounts.models import ROLES
 from app.budgets import budget_state
 from app.cli.common import (
     BASE_URL_OPTION,
+    EMAIL,
     INITIAL_USD,
     USD_OR_NONE,
     WINDOW_OPTION,
@@ -27,6 +29,7 @@ from app.cli.common import (
     operator_errors,
 )
 from app.credits import ledger
+from app.credits.models import Account
 from app.database import utcnow
 
 orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and budgets.")
@@ -34,10 +37,11 @@ orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and b
 
 @orgs_cli.command("create")
 @click.argument("name")
-@click.option("--owner", "owner_email", required=True, help="The owner's email.")
+@click.option("--owner", "owner_email", type=EMAIL, required=True, help="The owner's email.")
 @click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
 def create_organisation_command(name: str, owner_email: str, amount: Decimal | None) -> None:
     """Create the organisation NAME owned by --owner (a new person sets a password by invite)."""
+    _refuse_taken_name(name)
     with operator_errors():
         account = create_organisation(name=name, owner_email=owner_email, actor=None)
         if amount:
@@ -45,9 +49,19 @@ def create_organisation_command(name: str, owner_email: str, amount: Decimal | N
     click.echo(f"created organisation {account.id} {account.name!r} owned by {owner_email}")
 
 
+def _refuse_taken_name(name: str) -> None:
+    """Refuse a blank name, or one taken in any letter case: commands find ORG by it."""
+    if not name.strip():
+        raise click.ClickException("an organisation's name must not be blank")
+    if taken := organisations_named(name):
+        raise click.ClickException(
+            f"an organisation named {taken[0].name!r} exists already (id {taken[0].id})"
+        )
+
+
 @orgs_cli.command("invite")
 @click.argument("org")
-@click.argument("email")
+@click.argument("email", type=EMAIL)
 @click.option("--role", type=click.Choice(ROLES), default="member", show_default=True)
 @BASE_URL_OPTION
 def invite_member_command(org: str, email: str, role: str, base_url: str) -> None:
@@ -115,7 +129,17 @@ def budget_command(
             budgets.set_member_budget(member.id, amount=amount, window=window)
             subject = f"member {email}"
         else:
+            _refuse_foreign_key(account, key_id)
             budgets.set_key_budget(key_id, amount=amount, window=window, account_id=account.id)
             subject = f"key {key_id}"
     state = "no budget" if amount is None else f"${amount:f} a {window}"
     click.echo(f"{subject} of {account.name}: {state}")
+
+
+def _refuse_foreign_key(account: Account, key_id: int) -> None:
+    """Say so when key ``key_id`` exists but is another organisation's."""
+    owner_id = keys.organisation_of_key(key_id)
+    if owner_id != account.id:
+        raise click.ClickException(
+            f"API key {key_id} belongs to another organisation (id {owner_id}), not {account.name}"
+        )
