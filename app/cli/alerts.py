@@ -94,7 +94,8 @@ def add_webhook_command(org: str, url: str) -> None:
         account = find_organisation(org)
         endpoint, secret = add_webhook(account.id, url)
     click.echo(f"webhook {endpoint.id} of {account.name}: {endpoint.shown_target}")
-    click.echo(f"signing secret (shown once, keep it now): {secret}")
+    click.echo("signing secret, shown once (keep it now), on the next line:")
+    click.echo(secret)
 
 
 @email_cli.command("add")
