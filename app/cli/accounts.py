@@ -23,7 +23,12 @@ accounts_cli = OperatorGroup("accounts", help="Create accounts and invite their 
 @accounts_cli.command("create")
 @click.argument("email", type=EMAIL)
 @click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
-@click.option("--admin", is_flag=True, help="Make the account an administrator.")
+@click.option(
+    "--admin",
+    is_flag=True,
+    help="Make the holder the gateway's operator, not an organisation's admin role "
+    "(the operator's pages of the dashboard).",
+)
 def create_account_command(email: str, amount: Decimal | None, admin: bool) -> None:
     """Create an account, optionally with credits."""
     with operator_errors():
