@@ -13,6 +13,7 @@ from app.cli.common import (
     EMAIL,
     INITIAL_USD,
     OperatorGroup,
+    link_to,
     operator_errors,
 )
 from app.credits import ledger
@@ -41,20 +42,20 @@ def create_account_command(email: str, amount: Decimal | None, admin: bool) -> N
 @accounts_cli.command("invite")
 @click.argument("email")
 @BASE_URL_OPTION
-def invite_command(email: str, base_url: str) -> None:
+def invite_command(email: str, base_url: str | None) -> None:
     """Print a one-time link, valid 24 hours, where EMAIL sets a dashboard password."""
     with operator_errors():
         token = invite_account_holder(email)
     click.echo(f"invite for {email}, valid for 24 hours and for one use:")
-    click.echo(f"{base_url.rstrip('/')}/password/{token}")
+    click.echo(link_to(f"/password/{token}", base_url))
 
 
 @accounts_cli.command("password-link")
 @click.argument("email")
 @BASE_URL_OPTION
-def password_link_command(email: str, base_url: str) -> None:
+def password_link_command(email: str, base_url: str | None) -> None:
     """Print a one-time link, valid 24 hours, where EMAIL sets a new dashboard password."""
     with operator_errors():
         token = issue_password_link(email, lifetime=OPERATOR_LINK_LIFETIME)
     click.echo(f"password link for {email}, valid for 24 hours and for one use:")
-    click.echo(f"{base_url.rstrip('/')}/password/{token}")
+    click.echo(link_to(f"/password/{token}", base_url))

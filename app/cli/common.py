@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 
 import click
+from flask import current_app
 from flask.cli import AppGroup
 
 from app.accounts.errors import (
@@ -172,14 +173,23 @@ def operator_errors() -> Iterator[None]:
         raise click.ClickException(str(error)) from None
 
 
-def _public_url() -> str:
-    """Return the dashboard's address as its users reach it: PUBLIC_URL, else localhost."""
-    return os.environ.get("PUBLIC_URL") or f"http://localhost:{os.environ.get('PORT', '8000')}"
+def link_to(path: str, base_url: str | None) -> str:
+    """Return the dashboard's ``path`` under ``base_url``, else where its users reach it.
+
+    That is PUBLIC_URL (the app's setting, read from the environment or a config file),
+    else localhost on $PORT: a link printed or mailed must open where its holder is.
+    """
+    base = (
+        base_url
+        or current_app.config.get("PUBLIC_URL")
+        or os.environ.get("PUBLIC_URL")
+        or f"http://localhost:{os.environ.get('PORT', '8000')}"
+    )
+    return f"{base.rstrip('/')}{path}"
 
 
 BASE_URL_OPTION = click.option(
     "--base-url",
-    default=_public_url,
     show_default="PUBLIC_URL, else http://localhost:$PORT",
     help="The dashboard's address as its users reach it.",
 )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import smtplib
 from decimal import Decimal
 
 import click
 
 from app.accounts import budgets, keys
+from app.accounts.invites import mail_invite
 from app.accounts.members import (
     OPERATOR,
     create_organisation,
@@ -26,11 +28,16 @@ from app.cli.common import (
     USD_OR_NONE,
     WINDOW_OPTION,
     OperatorGroup,
+    link_to,
     operator_errors,
 )
 from app.credits import ledger
 from app.credits.models import Account
 from app.database import utcnow
+from app.mail import mail_configured
+
+# Who an operator's invite is from, in its mail: nobody the invitee knows by address.
+OPERATOR_NAME = "The gateway's operator"
 
 orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and budgets.")
 
@@ -64,13 +71,33 @@ def _refuse_taken_name(name: str) -> None:
 @click.argument("email", type=EMAIL)
 @click.option("--role", type=click.Choice(ROLES), default="member", show_default=True)
 @BASE_URL_OPTION
-def invite_member_command(org: str, email: str, role: str, base_url: str) -> None:
-    """Print a one-time link, valid 24 hours, by which EMAIL joins ORG (id or name)."""
+def invite_member_command(org: str, email: str, role: str, base_url: str | None) -> None:
+    """Invite EMAIL into ORG (id or name) by a one-time link, valid 24 hours.
+
+    The link is mailed to EMAIL when SMTP_URL is set, and printed on the last line.
+    """
     with operator_errors():
         account = find_organisation(org)
         token = invite_member(account.id, OPERATOR, email=email, role=role)
-    click.echo(f"invite for {email} to {account.name} as {role}, valid 24 hours, for one use:")
-    click.echo(f"{base_url.rstrip('/')}/invite/{token}")
+    link = link_to(f"/invite/{token}", base_url)
+    sent = ", mailed to " + email if mail_configured() and _mailed(email, account, link) else ""
+    click.echo(
+        f"invite for {email} to {account.name} as {role}, valid 24 hours, for one use{sent}:"
+    )
+    click.echo(link)
+
+
+def _mailed(email: str, account: Account, link: str) -> bool:
+    """Mail the invite's link; False, with a warning on stderr, if the server failed."""
+    try:
+        mail_invite(email=email, organisation=account.name, inviter=OPERATOR_NAME, link=link)
+    except (smtplib.SMTPException, OSError) as error:
+        click.echo(
+            f"the invite could not be e-mailed ({type(error).__name__}): give the link yourself",
+            err=True,
+        )
+        return False
+    return True
 
 
 @orgs_cli.command("members")
