@@ -36,7 +36,7 @@ def test_a_members_budget_is_set_and_cleared(runner, app):
         member_id = db.session.scalar(select(ApiKey.member_id).where(ApiKey.id == key_id))
     assert budget_of(app, Membership, member_id) == (Decimal("50"), "week")
     listed = runner.invoke(args=["orgs", "members", address]).output.splitlines()
-    assert listed[0].split("\t")[2:] == [address, listed[0].split("\t")[3], "$50", "week", "$0"]
+    assert listed[1].split("\t")[2:] == [address, listed[1].split("\t")[3], "$50", "week", "$0"]
     cleared = runner.invoke(args=[*args, "--usd", "none"])
     assert cleared.exit_code == 0 and cleared.output.strip().endswith(": no budget")
     assert budget_of(app, Membership, member_id) == (None, "month")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 
 import click
@@ -10,6 +11,7 @@ from app.accounts.members import (
     find_organisation,
 )
 from app.alerts.endpoints import (
+    DeliveryLine,
     active_endpoints,
     add_email,
     add_webhook,
@@ -22,9 +24,11 @@ from app.alerts.endpoints import (
 )
 from app.alerts.models import EMAIL, WEBHOOK
 from app.cli.common import (
+    JSON_OPTION,
     USD_OR_NONE,
     OperatorGroup,
     PercentOrNone,
+    echo_listing,
     operator_errors,
 )
 
@@ -109,12 +113,29 @@ def add_email_command(org: str, address: str) -> None:
     click.echo(f"e-mail recipient {endpoint.id} of {account.name}: {address}")
 
 
-def _list_endpoints(org: str, kind: str) -> None:
+ENDPOINT_LISTS = {WEBHOOK: ("url", "webhooks"), EMAIL: ("address", "e-mail recipients")}
+
+
+def _list_endpoints(org: str, kind: str, as_json: bool) -> None:
     with operator_errors():
         account = find_organisation(org)
         endpoints = [e for e in active_endpoints(account.id) if e.kind == kind]
-    for endpoint in endpoints:
-        click.echo(f"{endpoint.id}\t{endpoint.shown_target}\t{endpoint.created_at:%Y-%m-%d %H:%M}")
+    target, plural = ENDPOINT_LISTS[kind]
+    rows = [
+        {"id": e.id, target: e.shown_target, "since": e.created_at.isoformat()} for e in endpoints
+    ]
+    echo_listing(
+        rows,
+        ("id", target, "since"),
+        lambda row: [row["id"], row[target], _minute(row["since"])],
+        as_json=as_json,
+        empty=f"{account.name} has no {plural}",
+    )
+
+
+def _minute(iso: object) -> str:
+    """Show an ISO timestamp to the minute, as the other listings do."""
+    return f"{datetime.fromisoformat(str(iso)):%Y-%m-%d %H:%M}"
 
 
 def _remove_endpoint(org: str, endpoint_id: int) -> None:
@@ -126,16 +147,18 @@ def _remove_endpoint(org: str, endpoint_id: int) -> None:
 
 @webhook_cli.command("list")
 @click.argument("org")
-def list_webhooks_command(org: str) -> None:
+@JSON_OPTION
+def list_webhooks_command(org: str, as_json: bool) -> None:
     """List ORG's webhooks: id, URL, since when (never their secrets)."""
-    _list_endpoints(org, WEBHOOK)
+    _list_endpoints(org, WEBHOOK, as_json)
 
 
 @email_cli.command("list")
 @click.argument("org")
-def list_emails_command(org: str) -> None:
+@JSON_OPTION
+def list_emails_command(org: str, as_json: bool) -> None:
     """List ORG's e-mail recipients: id, address, since when."""
-    _list_endpoints(org, EMAIL)
+    _list_endpoints(org, EMAIL, as_json)
 
 
 @webhook_cli.command("remove")
@@ -156,18 +179,36 @@ def remove_email_command(org: str, endpoint_id: int) -> None:
 
 @alerts_cli.command("log")
 @click.argument("org")
-def alert_log_command(org: str) -> None:
+@JSON_OPTION
+def alert_log_command(org: str, as_json: bool) -> None:
     """Show ORG's latest deliveries: id, event, endpoint, status, tries, last answer, next try."""
     with operator_errors():
         account = find_organisation(org)
-        lines = delivery_log(account.id)
-    for line in lines:
-        delivery = line.delivery
-        answer = delivery.last_error or (delivery.last_status or "")
-        next_try = (
-            f"{delivery.next_attempt_at:%Y-%m-%d %H:%M:%S}" if delivery.next_attempt_at else "-"
-        )
-        click.echo(
-            f"{delivery.id}\tevt_{line.event.id}\t{line.event.type}\t{line.endpoint.shown_target}"
-            f"\t{delivery.status}\t{delivery.attempts}\t{answer}\t{next_try}"
-        )
+        rows = [_delivery_row(line) for line in delivery_log(account.id)]
+    echo_listing(
+        rows,
+        DELIVERY_COLUMNS,
+        lambda row: [row[c] if row[c] is not None else "-" for c in DELIVERY_COLUMNS],
+        as_json=as_json,
+        empty=f"{account.name} has no alert deliveries",
+    )
+
+
+DELIVERY_COLUMNS = (
+    "id", "event", "type", "endpoint", "status", "tries", "last_answer", "next_try",
+)  # fmt: skip
+
+
+def _delivery_row(line: DeliveryLine) -> dict[str, object]:
+    delivery = line.delivery
+    next_try = delivery.next_attempt_at
+    return {
+        "id": delivery.id,
+        "event": f"evt_{line.event.id}",
+        "type": line.event.type,
+        "endpoint": line.endpoint.shown_target,
+        "status": delivery.status,
+        "tries": delivery.attempts,
+        "last_answer": delivery.last_error or (str(delivery.last_status or "")),
+        "next_try": f"{next_try:%Y-%m-%d %H:%M:%S}" if next_try else None,
+    }

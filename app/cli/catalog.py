@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from decimal import Decimal
 
 import click
 
-from app.catalog.registry import current_catalog
-from app.cli.common import (
-    OperatorGroup,
-)
+from app.catalog.registry import Model, current_catalog
+from app.cli.common import JSON_OPTION, OperatorGroup
 from app.providers.base import Route
 from app.providers.cooldown import upstream_cooldowns
 
@@ -19,11 +18,15 @@ catalog_cli = OperatorGroup("catalog", help="Inspect the model catalog.")
 
 
 @catalog_cli.command("list")
-def list_catalog_command() -> None:
+@JSON_OPTION
+def list_catalog_command(as_json: bool) -> None:
     """List the served models, with prices and routes.
 
     Tokens are priced in USD per million, tool calls in USD per call; tiers multiply them.
     """
+    if as_json:
+        click.echo(json.dumps([_model_row(model) for model in current_catalog().list()], indent=2))
+        return
     click.echo(
         "id\tprompt\tcompletion\tcached_read\timage\tcache_write\tcache_write_1h\t"
         "tool_calls\ttiers\tcontext\tcapabilities\troutes"
@@ -39,6 +42,30 @@ def list_catalog_command() -> None:
             f"{p.cache_write_1h}\t{price_list(p.tool_calls)}\t{price_list(p.tiers)}\t"
             f"{model.context_length}\t{','.join(sorted(model.capabilities)) or '-'}\t{routes}"
         )
+
+
+PRICES = ("prompt", "completion", "cached_read", "image", "cache_write", "cache_write_1h")
+
+
+def _model_row(model: Model) -> dict[str, object]:
+    """Return a served model as --json shows it: prices as exact decimal strings."""
+    p = model.pricing
+    return {
+        "id": model.id,
+        "pricing": {name: str(getattr(p, name)) for name in PRICES},
+        "tool_calls": {name: str(price) for name, price in sorted(p.tool_calls.items())},
+        "tiers": {name: str(factor) for name, factor in sorted(p.tiers.items())},
+        "context": model.context_length,
+        "capabilities": sorted(model.capabilities),
+        "routes": [
+            {
+                "upstream": r.adapter.upstream.name,
+                "model": r.target.upstream_model,
+                "state": route_state(r).strip(" ()") or None,
+            }
+            for r in model.routes
+        ],
+    }
 
 
 def price_list(prices: Mapping[str, Decimal]) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 
@@ -193,6 +194,30 @@ BASE_URL_OPTION = click.option(
     show_default="PUBLIC_URL, else http://localhost:$PORT",
     help="The dashboard's address as its users reach it.",
 )
+
+
+JSON_OPTION = click.option(
+    "--json", "as_json", is_flag=True, help="Print a JSON array, an object a row, for scripts."
+)
+
+
+def echo_listing(
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str],
+    cells: Callable[[Mapping[str, object]], Sequence[object]],
+    *,
+    as_json: bool,
+    empty: str,
+) -> None:
+    """Print ``rows`` as JSON, or as a header and tab-separated lines; ``empty`` if none."""
+    if as_json:
+        click.echo(json.dumps(list(rows), indent=2))
+    elif not rows:
+        click.echo(empty)
+    else:
+        click.echo("\t".join(columns))
+        for row in rows:
+            click.echo("\t".join(str(cell) for cell in cells(row)))
 
 
 ORG_OPTION = click.option(

@@ -6,6 +6,7 @@ A command that issues a key prints the value alone on the last line of stdout, s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 
 import click
@@ -14,18 +15,17 @@ from app.accounts import budgets, keys
 from app.accounts.members import (
     find_member_by_email,
 )
-from app.budgets import MONTH
+from app.auth.models import ApiKey
 from app.cli.common import (
+    JSON_OPTION,
     ORG_OPTION,
     USD_LIMIT,
     WINDOW_OPTION,
     ModelIds,
     OperatorGroup,
+    echo_listing,
     operator_errors,
     organisation_or_account,
-)
-from app.credits.accounts import (
-    find_account_or_raise,
 )
 
 keys_cli = OperatorGroup("keys", help="Issue, rotate, revoke, delete and list API keys.")
@@ -101,19 +101,55 @@ def delete_key_command(key_id: int) -> None:
 
 
 @keys_cli.command("list")
-@click.argument("email")
-def list_keys_command(email: str) -> None:
-    """List the keys of EMAIL: id, name, prefix, state, created, last used, models, limit."""
+@click.argument("email", required=False)
+@ORG_OPTION
+@JSON_OPTION
+def list_keys_command(email: str | None, org: str | None, as_json: bool) -> None:
+    """List the keys of EMAIL, or of the organisation --org (of its member EMAIL if given).
+
+    Id, name, prefix, state, created, last used, models, limit and its window.
+    """
     with operator_errors():
-        rows = keys.list_keys(find_account_or_raise(email).id)
-    click.echo("id\tname\tprefix\tstate\tcreated\tlast_used\tmodels\tmonthly_limit")
-    for key in rows:
-        last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
-        models = ",".join(key.permitted_models) if key.permitted_models is not None else "all"
-        limit = "none" if key.budget is None else f"${key.budget:f}"
-        if key.budget is not None and key.budget_window != MONTH:
-            limit += f" a {key.budget_window}"
-        click.echo(
-            f"{key.id}\t{key.name}\t{key.display_prefix}...\t{key.state}\t"
-            f"{key.created_at.isoformat()}\t{last_used}\t{models}\t{limit}"
-        )
+        account = organisation_or_account(org, None if org else email)
+        member_id = find_member_by_email(account.id, email).id if org and email else None
+        rows = [
+            _key_row(key)
+            for key in keys.list_keys(account.id)
+            if member_id is None or key.member_id == member_id
+        ]
+    echo_listing(
+        rows,
+        KEY_COLUMNS,
+        _key_cells,
+        as_json=as_json,
+        empty=f"{email or account.name} has no keys",
+    )
+
+
+KEY_COLUMNS = ("id", "name", "prefix", "state", "created", "last_used", "models", "limit")
+
+
+def _key_row(key: ApiKey) -> dict[str, object]:
+    limited = key.budget is not None
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": f"{key.display_prefix}...",
+        "state": key.state,
+        "created": key.created_at.isoformat(),
+        "last_used": key.last_used_at.isoformat() if key.last_used_at else None,
+        "models": key.permitted_models,
+        "limit": f"{key.budget:f}" if limited else None,
+        "window": key.budget_window if limited else None,
+    }
+
+
+def _key_cells(row: Mapping[str, object]) -> list[object]:
+    models = row["models"]
+    limit = "none" if row["limit"] is None else f"${row['limit']} a {row['window']}"
+    return [
+        *(row[column] for column in KEY_COLUMNS[:5]),
+        row["last_used"] or "never",
+        "all" if models is None else ",".join(models),
+        limit,
+    ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import smtplib
+from collections.abc import Mapping
+from datetime import datetime
 from decimal import Decimal
 
 import click
@@ -19,15 +21,17 @@ from app.accounts.members import (
     organisations_named,
     remove_member,
 )
-from app.accounts.models import ROLES
-from app.budgets import budget_state
+from app.accounts.models import ROLES, Membership
+from app.budgets import BudgetState, budget_state
 from app.cli.common import (
     BASE_URL_OPTION,
     EMAIL,
     INITIAL_USD,
+    JSON_OPTION,
     USD_OR_NONE,
     WINDOW_OPTION,
     OperatorGroup,
+    echo_listing,
     link_to,
     operator_errors,
 )
@@ -102,7 +106,8 @@ def _mailed(email: str, account: Account, link: str) -> bool:
 
 @orgs_cli.command("members")
 @click.argument("org")
-def list_members_command(org: str) -> None:
+@JSON_OPTION
+def list_members_command(org: str, as_json: bool) -> None:
     """List ORG's members (id or name).
 
     Member id, role, email, since when, then the budget (or none), its window and what
@@ -110,16 +115,43 @@ def list_members_command(org: str) -> None:
     """
     with operator_errors():
         account = find_organisation(org)
-        rows = list_members(account.id)
+        listed = list_members(account.id)
     now = utcnow()
-    for row in rows:
-        member = row.membership
-        budget = budget_state(member, now)
-        amount = "none" if budget.amount is None else f"${budget.amount:f}"
-        click.echo(
-            f"{member.id}\t{member.role}\t{row.email}\t{member.created_at:%Y-%m-%d %H:%M}"
-            f"\t{amount}\t{budget.window}\t${budget.spent:f}"
-        )
+    rows = [
+        _member_row(row.membership, row.email, budget_state(row.membership, now)) for row in listed
+    ]
+    echo_listing(
+        rows, MEMBER_COLUMNS, _member_cells, as_json=as_json, empty=f"{account.name} has no members"
+    )
+
+
+MEMBER_COLUMNS = ("id", "role", "email", "since", "budget", "window", "spent")
+
+
+def _member_row(member: Membership, email: str, budget: BudgetState) -> dict[str, object]:
+    return {
+        "id": member.id,
+        "role": member.role,
+        "email": email,
+        "since": member.created_at.isoformat(),
+        "budget": None if budget.amount is None else f"{budget.amount:f}",
+        "window": budget.window,
+        "spent": f"{budget.spent:f}",
+    }
+
+
+def _member_cells(row: Mapping[str, object]) -> list[object]:
+    since = datetime.fromisoformat(str(row["since"]))
+    budget = "none" if row["budget"] is None else f"${row['budget']}"
+    return [
+        row["id"],
+        row["role"],
+        row["email"],
+        f"{since:%Y-%m-%d %H:%M}",
+        budget,
+        row["window"],
+        f"${row['spent']}",
+    ]
 
 
 @orgs_cli.command("remove")
