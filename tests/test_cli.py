@@ -5,7 +5,9 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+from app.accounts.organisations import find_person_by_email, owner_membership
 from app.auth.keys import parse_key
+from app.credits.accounts import find_account
 
 
 def email() -> str:
@@ -137,3 +139,16 @@ def test_demo_setup_prints_its_key_once(runner, app):
     assert "exists" in second.output
     password = re.search(r"as demo@example.com with the password (\S+)", first.output).group(1)
     assert sign_in(new_client(app), DEMO_EMAIL, password).status_code == 302
+
+
+def test_admin_means_the_operator_flag_and_says_so(app, runner):
+    shown = runner.invoke(args=["accounts", "create", "--help"])
+    assert "the gateway's operator, not an organisation's admin role" in " ".join(
+        shown.output.split()
+    )
+    address = email()
+    assert runner.invoke(args=["accounts", "create", address, "--admin"]).exit_code == 0
+    with app.app_context():
+        person = find_person_by_email(address)
+        assert person.is_admin
+        assert owner_membership(find_account(address).id).role == "owner"

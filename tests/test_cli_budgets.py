@@ -36,7 +36,7 @@ def test_a_members_budget_is_set_and_cleared(runner, app):
         member_id = db.session.scalar(select(ApiKey.member_id).where(ApiKey.id == key_id))
     assert budget_of(app, Membership, member_id) == (Decimal("50"), "week")
     listed = runner.invoke(args=["orgs", "members", address]).output.splitlines()
-    assert listed[0].split("\t")[2:] == [address, listed[0].split("\t")[3], "$50", "week", "$0"]
+    assert listed[1].split("\t")[2:] == [address, listed[1].split("\t")[3], "$50", "week", "$0"]
     cleared = runner.invoke(args=[*args, "--usd", "none"])
     assert cleared.exit_code == 0 and cleared.output.strip().endswith(": no budget")
     assert budget_of(app, Membership, member_id) == (None, "month")
@@ -57,7 +57,7 @@ def test_bad_budgets_are_refused_in_one_line(runner, app):
     other, _ = organisation_with_key(runner)
     key = ["--key", str(key_id)]
     cases = [
-        ([other, *key, "--usd", "1"], f"no API key with id {key_id}"),
+        ([other, *key, "--usd", "1"], f"API key {key_id} belongs to another organisation"),
         (
             [address, "nobody@example.com", "--usd", "1"],
             "nobody@example.com is no member of this organisation",

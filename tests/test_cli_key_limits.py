@@ -40,9 +40,9 @@ def test_a_key_created_with_models_and_a_limit_lists_them(runner, app):
     assert str(budget) == "0.00001"
     runner.invoke(args=["keys", "create", address, "--name", "open"])
     listed = runner.invoke(args=["keys", "list", address]).output.splitlines()
-    assert listed[0].endswith("\tmodels\tmonthly_limit")
+    assert listed[0].endswith("\tmodels\tlimit")
     assert listed[1].startswith(issued.output.split("created key ")[1].split()[0] + "\tci\t")
-    assert listed[1].endswith("\tdev-chat-mini,dev-slow\t$0.00001")
+    assert listed[1].endswith("\tdev-chat-mini,dev-slow\t$0.00001 a month")
     assert listed[2].endswith("\tall\tnone")
 
 

@@ -36,7 +36,7 @@ def test_an_organisation_is_created_granted_invited_listed_and_trimmed(app, runn
     assert joined.status_code == 302
 
     listed = run(runner, "orgs", "members", org_id).splitlines()
-    assert [line.split("\t")[1:3] for line in listed] == [["owner", owner], ["member", member]]
+    assert [line.split("\t")[1:3] for line in listed[1:]] == [["owner", owner], ["member", member]]
 
     key = run(runner, "keys", "create", member, "--org", name, "--name", "ci").splitlines()[-1]
     headers = {"Authorization": f"Bearer {key}"}
@@ -78,3 +78,34 @@ def test_wrong_organisation_input_gets_one_line_and_a_nonzero_exit(runner):
         result = runner.invoke(args=args)
         assert result.exit_code != 0, args
         assert len(result.output.strip().splitlines()) == 1, (args, result.output)
+
+
+def test_an_invite_is_mailed_when_smtp_is_set_with_a_link_under_public_url(
+    app, runner, smtp_server, monkeypatch
+):
+    received, url = smtp_server
+    monkeypatch.setitem(app.config, "SMTP_URL", url)
+    monkeypatch.setitem(app.config, "PUBLIC_URL", "https://gateway.example/")
+    monkeypatch.delenv("PUBLIC_URL", raising=False)
+    name, member = f"Team {uuid.uuid4().hex[:6]}", email()
+    run(runner, "orgs", "create", name, "--owner", email())
+
+    printed = run(runner, "orgs", "invite", name, member).splitlines()
+    link = printed[-1]
+    assert link.startswith("https://gateway.example/invite/")
+    assert f"mailed to {member}" in printed[0]
+    (message,) = received
+    assert message["To"] == member and message["Subject"] == f"Join {name}"
+    assert link in message.get_payload()
+    path = link.removeprefix("https://gateway.example")
+    assert post_form(new_client(app), path, path, {"password": PASSWORD}).status_code == 302
+
+
+def test_an_invite_whose_mail_fails_is_still_printed_with_a_warning(app, runner, monkeypatch):
+    monkeypatch.setitem(app.config, "SMTP_URL", "smtp://127.0.0.1:9")  # nothing listens
+    name = f"Team {uuid.uuid4().hex[:6]}"
+    run(runner, "orgs", "create", name, "--owner", email())
+    result = runner.invoke(args=["orgs", "invite", name, email()])
+    assert result.exit_code == 0, result.output
+    assert "/invite/" in result.stdout.splitlines()[-1]
+    assert "could not be e-mailed" in result.stderr

@@ -36,6 +36,7 @@ from app.accounts.passwords import check_password_strength, stage_password
 from app.credits.models import Account
 from app.database import utcnow
 from app.extensions import db
+from app.mail import send_mail
 
 INVITE_LIFETIME = timedelta(hours=24)
 _INVALID = "This invite link is not valid: it was used, revoked, or it expired."
@@ -209,3 +210,18 @@ def _stage_membership(invite: OpenInvite, person_id: int) -> None:
         )
     elif membership.removed_at is not None:
         membership.role, membership.removed_at = invite.role, None
+
+
+def mail_invite(*, email: str, organisation: str, inviter: str, link: str) -> None:
+    """Mail the invite's ``link`` to ``email``, from ``inviter`` (who the holder knows).
+
+    The dashboard and ``flask orgs invite`` send the same message.
+    :raise MailNotConfigured: SMTP_URL is unset. :raise smtplib.SMTPException, OSError:
+        the server refused or could not be reached.
+    """
+    body = (
+        f"{inviter} invites you to {organisation}.\n\n"
+        f"Open this link within 24 hours, and sign in (or sign up) as {email} to join; "
+        f"it works once:\n{link}\n"
+    )
+    send_mail(email, f"Join {organisation}", body)

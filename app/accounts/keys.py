@@ -205,6 +205,11 @@ def delete_key(key_id: int, actor: int | None = None) -> None:
     forget_remembered_callers()
 
 
+def organisation_of_key(key_id: int) -> int:
+    """Return the id of the organisation key ``key_id`` belongs to. :raise KeyNotFound."""
+    return _find_key_or_raise(key_id).account_id
+
+
 def list_keys(account_id: int) -> list[ApiKey]:
     """Return the keys (not deleted) of the account ``account_id``, oldest first."""
     return list(

@@ -248,6 +248,17 @@ def create_organisation(*, name: str, owner_email: str, actor: int | None) -> Ac
     return account
 
 
+def organisations_named(name: str) -> list[Account]:
+    """Return the organisations named ``name`` (trimmed) in any letter case, oldest first."""
+    return list(
+        db.session.scalars(
+            select(Account)
+            .where(func.lower(Account.name) == name.strip().lower())
+            .order_by(Account.id)
+        )
+    )
+
+
 def find_organisation(reference: str) -> Account:
     """Return the organisation with id or name ``reference``. :raise AccountNotFound."""
     numeric = reference.isascii() and reference.isdigit()

@@ -7,6 +7,7 @@ join.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 from sqlalchemy import func, select
@@ -16,6 +17,16 @@ from app.accounts.models import OWNER, Membership, Person
 from app.credits.accounts import AccountExists
 from app.credits.models import Account
 from app.extensions import db
+
+# One address as people type it: a local part, one @, a domain with a dot; no blanks or
+# list separators. Deliverability is the mail server's to judge.
+EMAIL_ADDRESS = re.compile(r"[^@\s,;<>]+@[^@\s,;<>.]+(\.[^@\s,;<>.]+)+")
+
+
+def is_email_address(text: str) -> bool:
+    """Return whether ``text`` (trimmed) reads as one e-mail address."""
+    text = text.strip()
+    return len(text) <= 320 and EMAIL_ADDRESS.fullmatch(text) is not None
 
 
 def normalize_email(email: str) -> str:

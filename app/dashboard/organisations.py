@@ -16,7 +16,7 @@ from app.accounts import members
 from app.accounts.budgets import set_member_budget
 from app.accounts.changes import recent_changes
 from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
-from app.accounts.invites import pending_invites
+from app.accounts.invites import mail_invite, pending_invites
 from app.accounts.models import ADMIN, OWNER
 from app.accounts.organisations import memberships_of
 from app.budgets import budget_state
@@ -26,7 +26,7 @@ from app.dashboard.security import current_actor, role_required
 from app.dashboard.session import switch_organisation
 from app.dashboard.views import bp
 from app.database import utcnow
-from app.mail import mail_configured, send_mail
+from app.mail import mail_configured
 
 
 def _members_page(form: InviteForm, status: int = 200, link: str | None = None):
@@ -83,14 +83,13 @@ def invite_member() -> tuple[str, int] | BaseResponse:
 
 def _mailed(email: str, link: str) -> bool:
     """Mail the invite's link; False (and the link is shown instead) if the server failed."""
-    organisation = current_user.organisation_name
-    body = (
-        f"{current_user.email} invites you to {organisation}.\n\n"
-        f"Open this link within 24 hours, and sign in (or sign up) as {email} to join; "
-        f"it works once:\n{link}\n"
-    )
     try:
-        send_mail(email, f"Join {organisation}", body)
+        mail_invite(
+            email=email,
+            organisation=current_user.organisation_name,
+            inviter=current_user.email,
+            link=link,
+        )
     except (smtplib.SMTPException, OSError) as error:
         current_app.logger.warning("invite mail not sent: %s", type(error).__name__)
         flash("The invite could not be e-mailed: give the link below yourself.", "error")

@@ -1,0 +1,41 @@
+"""``flask ledger audit``: check the ledger's books."""
+
+from __future__ import annotations
+
+import click
+
+from app.cli.common import (
+    OperatorGroup,
+)
+from app.generations.audit import audit_ledger
+
+ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
+
+
+@ledger_cli.command("audit")
+@click.option(
+    "--account", "account_ids", type=int, multiple=True, help="Check only this account (repeat)."
+)
+@click.option("--full", is_flag=True, help="Re-check everything, not only what is new.")
+def audit_command(account_ids: tuple[int, ...], full: bool) -> None:
+    """Check balance = sum of ledger, every charge against its prices, the usage rollups.
+
+    Each account from its last clean checkpoint on (``--full``: from the start); exit 1
+    on a mismatch. Generations charged less than their price (the balance or the key's
+    limit ran out) are listed as shortfalls, and streams charged from their last recorded
+    progress (their worker stopped) as estimated: the books still add up.
+    """
+    report = audit_ledger(account_ids or None, full=full)
+    for mismatch in report.mismatches:
+        click.echo(f"mismatch: {mismatch}", err=True)
+    for shortfall in report.shortfalls:
+        click.echo(f"shortfall: {shortfall}")
+    for estimated in report.estimated:
+        click.echo(f"estimated: {estimated}")
+    click.echo(
+        f"checked {report.accounts} accounts and {report.generations} generations: "
+        f"{len(report.mismatches)} mismatches, {len(report.shortfalls)} shortfalls, "
+        f"{len(report.estimated)} estimated"
+    )
+    if report.mismatches:
+        raise SystemExit(1)
