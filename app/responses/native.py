@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -327,6 +328,9 @@ class RelayedStream(DeliveryMeter):
         self.sequence = -1
         # The response as last announced, for a stream that breaks to end with.
         self.snapshot: dict[str, Any] | None = None
+        # Hosted tools' calls as their items came: billed if the stream breaks before its
+        # last event, whose response counts them otherwise.
+        self.calls: dict[str, int] = {}
 
     def observe(self, data: bytes) -> bool:
         """Read one upstream read; return whether it delivered generated output."""
@@ -337,6 +341,8 @@ class RelayedStream(DeliveryMeter):
             if kind in TEXT_DELTAS and type(payload.get("delta")) is str:
                 self.deliver(payload["delta"])
                 delivered = True
+            elif kind == "response.output_item.added":
+                self.count_call(payload.get("item"))
             self.failed = self.failed or kind in ("error", "response.failed")
             if type(payload.get("sequence_number")) is int:
                 self.sequence = payload["sequence_number"]
@@ -349,6 +355,22 @@ class RelayedStream(DeliveryMeter):
             else:
                 self.completed.append((event.event, event.data, payload))
         return delivered
+
+    def count_call(self, item: Any) -> None:
+        """Count a hosted tool's call once its item is added: the upstream has made it."""
+        tool = HOSTED_CALL_ITEMS.get(item.get("type")) if type(item) is dict else None
+        if tool is not None:
+            self.calls[tool] = self.calls.get(tool, 0) + 1
+
+    def usage_so_far(self) -> Usage:
+        """Return the estimate of what was delivered, with the hosted calls made so far."""
+        usage = super().usage_so_far()
+        if not self.calls or usage.tool_calls:
+            return usage
+        if usage.prompt_tokens == 0:
+            # The upstream read the prompt to make its calls, though no text came yet.
+            usage = replace(usage, prompt_tokens=self._prompt_tokens)
+        return replace(usage, tool_calls=dict(self.calls), estimated=True)
 
     def events(self, items: Iterator[Any]) -> Iterator[bytes | None]:
         """Frame the relayed ``items`` (reads, flush points, the StreamEnd) as the caller's."""

@@ -387,3 +387,32 @@ def test_the_models_list_shows_the_tool_call_and_tier_prices(client):
     assert pricing["tiers"] == {"priority": 2}
     plain = client.models.retrieve("claude-plain").model_extra["pricing"]
     assert plain["cache_write_1h"] == 3.75 and "tool_calls" not in plain
+
+
+def test_a_response_stream_cut_before_its_last_event_pays_the_hosted_calls_it_made(
+    app, client, funded, scripted
+):
+    # Cut after both searches, the file search and the text: before response.completed.
+    scripted.script("/openai", Reply("openai_response_stream_hosted_tools", close_after_events=14))
+
+    with pytest.raises(openai.APIError):
+        for _ in client.responses.create(
+            model="gpt-priced",
+            input="Is Paris warmer than Rome today?",
+            tools=[
+                {"type": "web_search"},
+                {"type": "file_search", "vector_store_ids": ["vs_000000000000000000000001"]},
+            ],
+            stream=True,
+        ):
+            pass
+
+    account, (generation,), (charge,), holds = billing_records(app, funded.account_id)
+    assert generation.tool_calls == {
+        "file_search": {"calls": 1, "price": "0.0025"},
+        "web_search": {"calls": 2, "price": "0.01"},
+    }
+    assert generation.estimated and generation.prompt_tokens > 0
+    assert generation.cost >= 2 * Decimal("0.01") + Decimal("0.0025")
+    assert charge.amount == -generation.cost
+    assert [hold.status for hold in holds] == ["settled"] and account.reserved == 0
