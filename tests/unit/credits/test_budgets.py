@@ -35,6 +35,17 @@ class Clock:
         return self.now
 
 
+@pytest.fixture(autouse=True)
+def forgotten_keys(monkeypatch):
+    """Each test starts from a process that remembers no key's hold shape.
+
+    The process remembers keys by id, and another test's database (SQLite's, before
+    PostgreSQL's in one run) may have had a budget on a key of the same id: the hold
+    would then take the budgeted shape, and lock or write rows this test says it does not.
+    """
+    monkeypatch.setattr(ledger, "_keys_reserved_on", ledger._KeysReservedOn())
+
+
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock(datetime(2026, 3, 4, 12, 0, tzinfo=UTC))
@@ -487,8 +498,6 @@ def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock
 
         return run_noted
 
-    # The process remembers keys by id: another test's database may have had this id.
-    monkeypatch.setattr(ledger, "_keys_reserved_on", ledger._KeysReservedOn())
     monkeypatch.setattr(ledger, "execute_alone", noting(ledger.execute_alone, True))
     monkeypatch.setattr(ledger, "execute_on_driver", noting(ledger.execute_on_driver, False))
 
