@@ -15,7 +15,8 @@ that none waits behind another's work:
   settled at it, any other is released; the conditional UPDATEs of the ledger end each
   hold once, and a hold another worker's sweeper ended first is left to it. Each sweep
   also prunes what has outlived its time: Idempotency-Key records past their 24 hours,
-  stored Responses API responses past RESPONSES_TTL_DAYS, and generations past
+  stored Responses API responses past RESPONSES_TTL_DAYS, password links and pending
+  sign-ups past their time (a sign-up keeps a password's hash), and generations past
   GENERATION_RETENTION_DAYS, a small batch per transaction; and on PostgreSQL it adds
   the coming months' partitions and drops the expired ones.
 - ``run_alert_deliverer``: every ALERTS_POLL_SECONDS it sends the alert events the
@@ -37,6 +38,7 @@ from datetime import timedelta
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.accounts.links import prune_expired_links
 from app.alerts.delivery import deliver_alerts
 from app.credits.errors import AlreadyRecorded
 from app.credits.ledger import (
@@ -160,41 +162,47 @@ def keep_history(app: Flask) -> int:
 PRUNE_BATCH_SIZE = 500
 
 
-def prune_idempotency_records(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
-    """Delete Idempotency-Key records past their 24 hours, in batches; return how many."""
+def prune_in_batches(app: Flask, prune: Callable[..., int], what: str, batch_size: int) -> int:
+    """Run ``prune(batch_size=...)`` until a batch comes back short; return how many went.
+
+    A failed batch is rolled back and logged; the next sweep goes on where it stopped.
+    """
     pruned = 0
     with app.app_context():
         try:
             batch = batch_size
             while batch == batch_size:
-                batch = prune_expired_claims(batch_size=batch_size)
+                batch = prune(batch_size=batch_size)
                 pruned += batch
                 time.sleep(0)  # let the worker's requests run between batches
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("pruning %s failed; will retry", what)
+    if pruned:
+        log.info("pruned %d %s", pruned, what)
+    return pruned
+
+
+def prune_idempotency_records(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
+    """Delete Idempotency-Key records past their 24 hours, in batches; return how many."""
+    pruned = prune_in_batches(app, prune_expired_claims, "expired idempotency records", batch_size)
+    with app.app_context():
+        try:
             drop_expired_months()
         except SQLAlchemyError:
             db.session.rollback()
-            log.exception("pruning idempotency records failed; will retry")
-    if pruned:
-        log.info("pruned %d expired idempotency records", pruned)
+            log.exception("dropping expired months of idempotency records failed; will retry")
     return pruned
 
 
 def prune_stored_responses(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
     """Delete stored responses past RESPONSES_TTL_DAYS, in batches; return how many."""
-    pruned = 0
-    with app.app_context():
-        try:
-            batch = batch_size
-            while batch == batch_size:
-                batch = prune_expired_responses(batch_size=batch_size)
-                pruned += batch
-                time.sleep(0)  # let the worker's requests run between batches
-        except SQLAlchemyError:
-            db.session.rollback()
-            log.exception("pruning stored responses failed; will retry")
-    if pruned:
-        log.info("pruned %d expired stored responses", pruned)
-    return pruned
+    return prune_in_batches(app, prune_expired_responses, "expired stored responses", batch_size)
+
+
+def prune_password_links(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
+    """Delete password links and pending sign-ups past their time; return how many."""
+    return prune_in_batches(app, prune_expired_links, "expired links and sign-ups", batch_size)
 
 
 Duty = Callable[[Flask], object]
@@ -229,6 +237,7 @@ SWEEPS: tuple[Duty, ...] = (
     sweep_expired_holds,
     prune_idempotency_records,
     prune_stored_responses,
+    prune_password_links,
     keep_history,
 )
 

@@ -13,7 +13,7 @@ import hashlib
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from app.accounts.models import PasswordLink, PendingSignUp, Person
 from app.accounts.organisations import create_account, find_person_by_email, normalize_email
@@ -24,7 +24,7 @@ from app.accounts.passwords import (
     stage_password,
 )
 from app.credits.accounts import AccountExists, AccountNotFound, find_account
-from app.database import utcnow
+from app.database import utcnow, write_transaction
 from app.extensions import db
 
 OPERATOR_LINK_LIFETIME = timedelta(hours=24)
@@ -186,3 +186,25 @@ def _open_sign_up(token: str) -> PendingSignUp:
     if pending is None or pending.used_at is not None or pending.expires_at <= utcnow():
         raise LinkInvalid(_INVALID)
     return pending
+
+
+def prune_expired_links(*, batch_size: int) -> int:
+    """Delete up to ``batch_size`` password links and pending sign-ups past their time.
+
+    Neither can be used once expired, and a pending sign-up keeps a password's hash: none
+    is kept longer than it can serve. Return how many went (links first, then sign-ups).
+    """
+    pruned = _prune_expired(PasswordLink, batch_size)
+    return pruned + _prune_expired(PendingSignUp, batch_size - pruned)
+
+
+def _prune_expired(model: type[PasswordLink] | type[PendingSignUp], batch_size: int) -> int:
+    expired = (
+        select(model.id).where(model.expires_at <= utcnow()).order_by(model.expires_at)
+    ).limit(batch_size)
+    ids = list(db.session.scalars(expired)) if batch_size > 0 else []
+    db.session.commit()
+    if ids:
+        statement = delete(model).where(model.id.in_(ids))
+        write_transaction(lambda connection: connection.execute(statement))
+    return len(ids)

@@ -3,10 +3,13 @@
 The session cookie names the person (Flask-Login) and their current organisation
 (``organisation_id``); a person who belongs to several switches between them. Every
 request reloads the membership, so a role changed or a member removed takes effect on
-their next page.
+their next page. The person is named with a mark of their password hash, so that
+setting a new password ends every session opened with the old one.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from flask import Flask, session
 from flask_login import UserMixin, login_user
@@ -28,6 +31,7 @@ class DashboardUser(UserMixin):
 
     def __init__(self, person: Person, membership: Membership | None) -> None:
         self.person_id = person.id
+        self.password_mark = password_mark(person)
         self.email = person.email
         self.is_admin = person.is_admin
         self.account_id = membership.account_id if membership else None
@@ -37,8 +41,17 @@ class DashboardUser(UserMixin):
         self.organisation_name = account.name if account else None
 
     def get_id(self) -> str:
-        """Return what the session cookie records: the person's id."""
-        return str(self.person_id)
+        """Return what the session cookie records: the person's id and password mark."""
+        return f"{self.person_id}.{self.password_mark}"
+
+
+def password_mark(person: Person) -> str:
+    """Return a short digest of the person's password hash, which changes with the password.
+
+    The hash is salted, so its digest tells nothing of the password; the cookie is signed,
+    so it cannot be forged. Rehashing on new Argon2 parameters ends sessions too, once.
+    """
+    return hashlib.sha256((person.password_hash or "").encode()).hexdigest()[:16]
 
 
 def current_membership(person_id: int) -> Membership | None:
@@ -53,12 +66,15 @@ def current_membership(person_id: int) -> Membership | None:
 
 
 def load_user(user_id: str) -> DashboardUser | None:
-    """Return the session's person, or None if they are gone."""
+    """Return the session's person, or None if they are gone or their password changed."""
+    person_id, _, mark = user_id.partition(".")
     try:
-        person = db.session.get(Person, int(user_id))
+        person = db.session.get(Person, int(person_id))
     except ValueError:
         return None
-    return DashboardUser(person, current_membership(person.id)) if person else None
+    if person is None or mark != password_mark(person):
+        return None
+    return DashboardUser(person, current_membership(person.id))
 
 
 def start_session(person: Person) -> None:

@@ -469,6 +469,23 @@ def test_the_password_link_command(app, runner, server):
     assert line.startswith("Error: no person with email")
 
 
+def test_a_new_password_ends_the_sessions_opened_with_the_old_one(app, runner, server):
+    """Whoever holds a session from before the reset (a thief, say) is signed out by it."""
+    earlier, email = signed_in_holder(app, server)
+    assert earlier.get("/keys").status_code == 200
+    link = run(runner, "accounts", "password-link", email, "--base-url", server)
+    path = link.splitlines()[-1].removeprefix(server)
+    resetter = Visitor(server)
+    assert resetter.post(path, {"password": OTHER_PASSWORD}).status_code == 302
+
+    signed_out = earlier.get("/keys")
+    assert signed_out.status_code == 302 and "/signin" in signed_out.headers["Location"]
+    assert resetter.get("/keys").status_code == 200
+    later = Visitor(server)
+    assert later.sign_in(email, OTHER_PASSWORD).status_code == 302
+    assert later.get("/keys").status_code == 200
+
+
 def test_a_link_uses_public_url_when_set(runner, monkeypatch):
     email = new_email()
     run(runner, "accounts", "create", email)
