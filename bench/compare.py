@@ -10,7 +10,8 @@ each scenario it prints each target's CPU per request and req/s as ratios to the
 floor's in the same round, and what it adds to the floor's time to first byte: the
 median, then every round's value; and the busiest worker's share per round (a round
 whose connections all landed on one worker stands out). On PostgreSQL the database
-server's own CPU is not in the gateways' figures.
+server's CPU, read while each target runs alone, is added to that target's own in a
+column of its own (the gateway and its database against the floor, which has none).
 
     .venv/bin/python bench/compare.py --base COMMIT [--scenario NAME ...] [--rounds 5]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
@@ -131,12 +132,14 @@ def table(
 ) -> list[str]:
     """Render each target against the floor of the same round: median, then each round.
 
-    CPU and req/s as ratios to the floor's; the time to first byte (p50) as what it adds.
+    CPU and req/s as ratios to the floor's; the time to first byte (p50) as what it adds;
+    CPU with the database server's beside it, as a ratio to the floor's CPU.
     """
     lines = [
         "| scenario | target | CPU x floor | rounds | req/s % of floor | rounds "
-        "| TTFB vs floor ms | rounds | busiest worker per round | errors |",
-        "|---|---|---:|---|---:|---|---:|---|---|---:|",
+        "| TTFB vs floor ms | rounds | CPU with database x floor | rounds "
+        "| busiest worker per round | errors |",
+        "|---|---|---:|---|---:|---|---:|---|---:|---|---|---:|",
     ]
     for scenario in plan:
         floor = rounds[scenario.name, "floor"]
@@ -145,6 +148,7 @@ def table(
             cpu = ratios(own, floor, "cpu_us")
             rps = [None if share is None else 100 * share for share in ratios(own, floor, "rps")]
             ttfb = [mine.ttfb_ms - theirs.ttfb_ms for mine, theirs in zip(own, floor, strict=True)]
+            with_database = ratios(own, floor, "cpu_with_database_us")
             lines.append(
                 f"| {scenario.name} | {name} | {shown(median(cpu), '{:.2f}')} | "
                 f"{' '.join(shown(value, '{:.2f}') for value in cpu)} | "
@@ -152,6 +156,8 @@ def table(
                 f"{' '.join(shown(value, '{:.0f}') for value in rps)} | "
                 f"{shown(median(ttfb), '{:+.2f}')} | "
                 f"{' '.join(shown(value, '{:+.2f}') for value in ttfb)} | "
+                f"{shown(median(with_database), '{:.2f}')} | "
+                f"{' '.join(shown(value, '{:.2f}') for value in with_database)} | "
                 f"{' '.join(f'{100 * figures.busiest_worker:.0f}%' for figures in own)} | "
                 f"{sum(figures.errors for figures in own)} |"
             )
@@ -159,14 +165,23 @@ def table(
 
 
 def ratios(own: list[Figures], floor: list[Figures], figure: str) -> list[float | None]:
-    """Return ``figure``'s ratio to the floor's, round by round (None: the floor measured 0).
+    """Return ``figure``'s ratio to the floor's CPU or req/s, round by round.
 
-    CPU is read in ticks of 10 ms: a round of a few requests may measure none.
+    None where the floor measured 0: CPU is read in ticks of 10 ms, and a round of a few
+    requests may measure none. ``cpu_with_database_us`` is compared with the floor's CPU.
     """
+    per_floor = "cpu_us" if figure == "cpu_with_database_us" else figure
     return [
-        getattr(mine, figure) / getattr(theirs, figure) if getattr(theirs, figure) else None
+        value(mine, figure) / getattr(theirs, per_floor) if getattr(theirs, per_floor) else None
         for mine, theirs in zip(own, floor, strict=True)
     ]
+
+
+def value(figures: Figures, figure: str) -> float:
+    """Return one figure of a round; ``cpu_with_database_us`` adds the server's CPU to its own."""
+    if figure == "cpu_with_database_us":
+        return figures.cpu_us + figures.database_cpu_us
+    return getattr(figures, figure)
 
 
 def median(values: list[float | None]) -> float | None:

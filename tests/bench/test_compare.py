@@ -38,14 +38,14 @@ def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds(database_
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = table_rows(done.stdout, 10)
+    rows = table_rows(done.stdout, 12)
     assert [(row[0], row[1]) for row in rows] == [
         ("stream c=3", "floor"),
         ("stream c=3", "base HEAD"),
         ("stream c=3", "working tree"),
     ]
     for row in rows:
-        assert all(len(row[column].split()) == 2 for column in (3, 5, 7, 8)), row
+        assert all(len(row[column].split()) == 2 for column in (3, 5, 7, 9, 10)), row
         assert row[-1] == "0", row
     # CPU is read in ticks of 10 ms: a round of six requests may measure none ("-").
     assert rows[0][2] in ("1.00", "-") and rows[0][4] == "100%" and rows[0][6] == "+0.00"
@@ -53,9 +53,10 @@ def test_a_commit_and_the_working_tree_are_measured_in_the_same_rounds(database_
     assert_machine_speed_reported(done.stdout)
 
 
-def figures(cpu_us: float, rps: float, ttfb_ms: float = 1) -> Figures:
+def figures(cpu_us: float, rps: float, ttfb_ms: float = 1, database_cpu_us: float = 0) -> Figures:
     return Figures(
-        cpu_us=cpu_us, upstream_cpu_us=0, database_cpu_us=0, p50_ms=1, p90_ms=1, p99_ms=1,
+        cpu_us=cpu_us, upstream_cpu_us=0, database_cpu_us=database_cpu_us,
+        p50_ms=1, p90_ms=1, p99_ms=1,
         ttfb_ms=ttfb_ms, rps=rps, busiest_worker=0.5, errors=0,
     )  # fmt: skip
 
@@ -67,7 +68,7 @@ def test_a_round_whose_floor_measured_no_cpu_shows_a_dash_and_is_left_out_of_the
         ("whole c=1", "new"): [figures(900, 50), figures(1000, 50), figures(1500, 40)],
     }
 
-    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 10)
+    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 12)
 
     assert rows[1][2:6] == ["2.50", "- 2.00 3.00", "50%", "50 50 80"]
 
@@ -87,7 +88,25 @@ def test_the_time_to_first_byte_is_what_each_round_adds_to_its_floors():
         ],
     }
 
-    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 10)
+    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 12)
 
     assert rows[0][6:8] == ["+0.00", "+0.00 +0.00 +0.00"]
     assert rows[1][6:8] == ["+0.80", "+0.90 +0.80 +0.50"]
+
+
+def test_the_database_servers_cpu_is_added_to_each_targets_own_against_the_floors():
+    scenario = Scenario("whole c=1", "bench-fast", False, 1)
+    rounds = {
+        ("whole c=1", "floor"): [figures(500, 100), figures(0, 100), figures(400, 100)],
+        ("whole c=1", "new"): [
+            figures(600, 50, database_cpu_us=400),
+            figures(700, 50, database_cpu_us=300),
+            figures(600, 50, database_cpu_us=200),
+        ],
+    }
+
+    rows = table_rows("\n".join(table(rounds, [scenario], ["floor", "new"])), 12)
+
+    assert rows[0][8:10] == ["1.00", "1.00 - 1.00"]
+    assert rows[1][2:4] == ["1.35", "1.20 - 1.50"]
+    assert rows[1][8:10] == ["2.00", "2.00 - 2.00"]
