@@ -153,7 +153,7 @@ def test_the_example_catalog_of_real_upstreams_loads_without_their_keys(monkeypa
     adapters = {
         route.adapter.upstream.name: route.adapter for m in catalog.list() for route in m.routes
     }
-    assert {adapter.kind for adapter in adapters.values()} == {"openai", "anthropic"}
+    assert {adapter.kind for adapter in adapters.values()} == {"openai", "anthropic", "gemini"}
     assert set(adapters) == set(upstreams)
     assert any(len(model.routes) > 1 for model in catalog.list())
     with pytest.raises(UpstreamMisconfigured):
