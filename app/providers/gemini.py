@@ -333,6 +333,14 @@ def usage_from(metadata: Any) -> Usage:
     )
 
 
+def reported_usage(response: dict[str, Any]) -> Usage | None:
+    """Return the usage a response reports, or None when it reports no prompt count."""
+    metadata = response.get("usageMetadata")
+    if type(metadata) is not dict or not as_count(metadata.get("promptTokenCount")):
+        return None
+    return usage_from(metadata)
+
+
 def finish_reason_of(reason: Any, called: bool) -> str | None:
     """Map a candidate's ``finishReason``; an answer that called functions ends in tool_calls.
 
@@ -460,7 +468,7 @@ class StreamTranslation:
 
     def __init__(self, fingerprint: str) -> None:
         self.fingerprint = fingerprint
-        self.usage = Usage()
+        self.usage: Usage | None = None
         self.calls = 0
         self.thought_index = 0
         self.started = False
@@ -473,8 +481,7 @@ class StreamTranslation:
         payload = json_object(event.data)
         if error := error_of(payload):
             raise stream_error(error)
-        if "usageMetadata" in payload:
-            self.usage = usage_from(payload["usageMetadata"])
+        self.usage = reported_usage(payload) or self.usage
         delta, reason = self.delta_of(payload)
         if delta or reason:
             chunk = Chunk(
@@ -586,7 +593,7 @@ class GeminiAdapter(HttpUpstreamAdapter):
         }
         return Completion(
             choices=[choice],
-            usage=usage_from(body.get("usageMetadata")),
+            usage=reported_usage(body) or self.estimate_usage(request, target, message),
             system_fingerprint=self.fingerprint(target),
         )
 
@@ -605,6 +612,8 @@ class GeminiAdapter(HttpUpstreamAdapter):
             if not translation.finished:
                 raise UpstreamError("The model's upstream ended the answer early.")
             complete = True
+            # Without usage, the gateway bills what the stream delivered, counted; the
+            # chunk also sends what a read left held.
             yield Chunk(
                 choices=[], usage=translation.usage, system_fingerprint=translation.fingerprint
             )
@@ -649,6 +658,23 @@ class GeminiAdapter(HttpUpstreamAdapter):
             )
             return UpstreamMisconfigured()
         return self.rejection(response, names)
+
+    def estimate_usage(
+        self, request: ChatRequest, target: RouteTarget, message: dict[str, Any]
+    ) -> Usage:
+        """Count the usage of a whole answer whose upstream reported none."""
+        reasoning = self.count_text_tokens(message.get("reasoning") or "", target)
+        completion = reasoning + self.count_text_tokens(message.get("content") or "", target)
+        for call in message.get("tool_calls") or ():
+            function = call["function"]
+            completion += self.count_text_tokens(function["name"], target)
+            completion += self.count_text_tokens(function["arguments"], target)
+        return Usage(
+            prompt_tokens=self.count_prompt_tokens(request, target),
+            completion_tokens=completion,
+            reasoning_tokens=reasoning,
+            estimated=True,
+        )
 
     def fingerprint(self, target: RouteTarget) -> str:
         """Return the system_fingerprint of this model's answers: Gemini sends none."""

@@ -13,10 +13,12 @@ from app.providers.errors import (
     UpstreamRejected,
     UpstreamUnavailable,
 )
+from app.providers.event_stream import ServerSentEvent
 from app.providers.gemini import (
     MADE_UP_ID_PREFIX,
     SKIPPED_SIGNATURE,
     GeminiAdapter,
+    StreamTranslation,
     generate_request,
     usage_from,
 )
@@ -449,3 +451,29 @@ def test_a_model_named_with_its_collection_keeps_it(replay_server, monkeypatch):
     (exchange,) = replay_server.exchanges
     assert exchange.path == "/google/v1beta/tunedModels/weather-1:generateContent"
     assert "x-goog-api-key" not in exchange.headers
+
+
+def test_an_answer_without_usage_is_billed_at_its_counted_tokens(adapter, replay_server):
+    replay_server.script("/google", Reply("gemini_generate_no_usage"))
+
+    completion = adapter.complete(chat(), TARGET)
+
+    usage = completion.usage
+    assert usage.estimated and usage.prompt_tokens > 0
+    assert usage.completion_tokens == adapter.count_text_tokens(
+        "The capital of France is Paris.", TARGET
+    )
+
+
+def test_a_stream_chunk_carries_no_usage_before_gemini_reports_one():
+    translation = StreamTranslation("fp_test")
+    part = {"candidates": [{"content": {"parts": [{"text": "Hi"}], "role": "model"}}]}
+    counted = {**part, "usageMetadata": {"promptTokenCount": 12, "totalTokenCount": 12}}
+
+    first = translation.relay(ServerSentEvent("message", json.dumps(part)))
+    second = translation.relay(ServerSentEvent("message", json.dumps(counted)))
+    third = translation.relay(ServerSentEvent("message", json.dumps(part)))
+
+    # A usage of nothing would bill a stream cut now below its prompt: none is sent instead.
+    assert first.usage is None and first.choices[0]["delta"]["content"] == "Hi"
+    assert second.usage.prompt_tokens == third.usage.prompt_tokens == 12
