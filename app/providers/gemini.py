@@ -81,6 +81,8 @@ BLOCKED = "content_filter"
 # Thinking tokens per effort (``thinkingBudget``, which Gemini 2.5 and 3 both read); at most
 # three quarters of the output limit, which counts the thoughts too.
 THINKING_BUDGETS = {"none": 0, "minimal": 512, "low": 2048, "medium": 8192, "high": 24576}
+# The smallest budget every thinking model takes (Gemini 2.5 Pro's).
+MIN_THINKING_BUDGET = 128
 # The signature Google documents for a function call whose own signature is not at hand.
 SKIPPED_SIGNATURE = "skip_thought_signature_validator"
 REASONING_FORMAT = "google-gemini-v1"
@@ -245,17 +247,20 @@ def tool_config(choice: Any) -> dict[str, Any] | None:
 def thinking_config(request: ChatRequest, target: RouteTarget, max_tokens: int | None) -> Any:
     """Return the thinking ``reasoning_effort`` asks for; None leaves the model's default.
 
-    A model without the reasoning capability is sent none. Thoughts are asked for with
-    their summaries, so that the answer shows its reasoning as the other upstreams do.
+    A model without the reasoning capability is sent none, nor is an output limit too
+    small for the smallest budget. Thoughts are asked for with their summaries, so that
+    the answer shows its reasoning as the other upstreams do.
     """
     effort = request.params.get("reasoning_effort")
     if effort not in THINKING_BUDGETS or "reasoning" not in target.capabilities:
         return None
+    if effort == "none":
+        return {"thinkingBudget": 0}
     budget = THINKING_BUDGETS[effort]
     if max_tokens is not None:
         budget = min(budget, max_tokens * 3 // 4)
-    if budget == 0:
-        return {"thinkingBudget": 0}
+    if budget < MIN_THINKING_BUDGET:
+        return None
     return {"thinkingBudget": budget, "includeThoughts": True}
 
 

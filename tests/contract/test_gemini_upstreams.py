@@ -14,6 +14,7 @@ from decimal import Decimal
 import anthropic
 import openai
 import pytest
+import requests
 
 from app.catalog.pricing import cost_of
 from app.providers.base import Usage
@@ -422,3 +423,35 @@ def test_a_refused_key_is_the_operators_problem_and_never_reaches_the_log(
     assert "upstream google refused the gateway (400 INVALID_ARGUMENT)" in log
     # Every request of this module sent the key upstream; none wrote it down.
     assert KEY not in log and KEY[:12] not in log
+
+
+def test_a_stream_gemini_breaks_off_ends_in_an_error_billed_for_its_prompt_and_text(
+    app, gateway, funded, scripted
+):
+    scripted.script("/google", Reply("gemini_stream_error"))
+
+    response = requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {funded.key}"},
+        json={"model": "gemini-flash", "messages": [{"role": "user", "content": "A story?"}],
+              "stream": True},
+        stream=True,
+        timeout=30,
+    )  # fmt: skip
+
+    events = [line[6:] for line in response.iter_lines(decode_unicode=True) if line]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "api_error"
+    pieces = [
+        choice["delta"].get("content") or ""
+        for event in events[:-2]
+        for choice in json.loads(event)["choices"]
+    ]
+    assert "".join(pieces) == "Once upon a time"
+    account, (generation,), (charge,), holds = billing_records(app, funded.account_id)
+    assert (generation.status, generation.estimated) == ("failed", True)
+    # Gemini counted the prompt on its first event: that count, not the hold's estimate.
+    assert generation.prompt_tokens == 10
+    route = gateway.catalog.resolve("gemini-flash").routes[0]
+    counted = sum(route.adapter.count_text_tokens(piece, route.target) for piece in pieces if piece)
+    assert generation.completion_tokens == counted
+    assert charge.amount == -generation.cost and generation.cost > 0 and account.reserved == 0

@@ -477,3 +477,11 @@ def test_a_stream_chunk_carries_no_usage_before_gemini_reports_one():
     # A usage of nothing would bill a stream cut now below its prompt: none is sent instead.
     assert first.usage is None and first.choices[0]["delta"]["content"] == "Hi"
     assert second.usage.prompt_tokens == third.usage.prompt_tokens == 12
+
+
+def test_an_output_limit_too_small_for_any_thinking_budget_leaves_the_models_default():
+    body = generate_request(chat(params={"reasoning_effort": "low", "max_tokens": 150}), TARGET)
+    assert body["generationConfig"] == {"maxOutputTokens": 150}
+    body = generate_request(chat(params={"reasoning_effort": "low", "max_tokens": 200}), TARGET)
+    assert body["generationConfig"]["thinkingConfig"]["thinkingBudget"] == 150
+
