@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from app.encoding import dumps, loads
+from app.providers.anthropic import text_of
 from app.providers.base import (
     ChatRequest,
     Chunk,
@@ -58,7 +59,6 @@ from app.providers.transport import (
 
 log = logging.getLogger(__name__)
 
-API = "gemini"
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 API_VERSION = "v1beta"
 API_KEY_HEADER = "x-goog-api-key"
@@ -100,13 +100,6 @@ def model_path(model: str, method: str) -> str:
     """Return the path of ``method`` on ``model`` below the base URL."""
     name = model if model.startswith(MODEL_COLLECTIONS) else f"models/{model}"
     return f"/{API_VERSION}/{name}:{method}"
-
-
-def text_of(content: Any) -> str:
-    """Join the text parts of a message's content (a string is its own text)."""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text") or "" for part in content or () if part.get("type") == "text")
 
 
 def system_instruction(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -244,7 +237,9 @@ def tool_config(choice: Any) -> dict[str, Any] | None:
     return None
 
 
-def thinking_config(request: ChatRequest, target: RouteTarget, max_tokens: int | None) -> Any:
+def thinking_config(
+    request: ChatRequest, target: RouteTarget, max_tokens: int | None
+) -> dict[str, Any] | None:
     """Return the thinking ``reasoning_effort`` asks for; None leaves the model's default.
 
     A model without the reasoning capability is sent none, nor is an output limit too

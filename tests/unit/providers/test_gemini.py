@@ -484,4 +484,3 @@ def test_an_output_limit_too_small_for_any_thinking_budget_leaves_the_models_def
     assert body["generationConfig"] == {"maxOutputTokens": 150}
     body = generate_request(chat(params={"reasoning_effort": "low", "max_tokens": 200}), TARGET)
     assert body["generationConfig"]["thinkingConfig"]["thinkingBudget"] == 150
-
