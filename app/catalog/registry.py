@@ -30,8 +30,9 @@ BUILTIN_UPSTREAM = "builtin"
 DEFAULT_CREATED = 1_700_000_000
 URL_SCHEMES = ("http://", "https://")
 # The protocols a route of each upstream kind may pass requests through in (``api``):
-# OpenAI's Responses API to an OpenAI-compatible upstream that serves /v1/responses.
-PASSED_THROUGH = {"openai": ("responses",)}
+# OpenAI's Responses API to an OpenAI-compatible upstream that serves /v1/responses, the
+# Gemini door's requests to Google's Gemini API.
+PASSED_THROUGH = {"openai": ("responses",), "gemini": ("gemini",)}
 UPSTREAM_KEYS = frozenset(
     {"kind", "base_url", "api_key_env", "connect_timeout", "read_timeout", "retries"}
 )
@@ -136,12 +137,14 @@ def _build_adapters(upstreams: Mapping[str, Any], path: str) -> dict[str, Adapte
         kind = entry.get("kind")
         if kind not in ADAPTERS:
             raise CatalogError(f"{where}: kind must be one of {', '.join(sorted(ADAPTERS))}")
-        if kind != "builtin" and not str(entry.get("base_url", "")).startswith(URL_SCHEMES):
+        # Google's API has one address: a gemini upstream may leave it out.
+        base_url = entry.get("base_url", ADAPTERS[kind].default_base_url)
+        if kind != "builtin" and not str(base_url or "").startswith(URL_SCHEMES):
             raise CatalogError(f"{where}: base_url is required, as an http:// or https:// URL")
         configs[name] = UpstreamConfig(
             name=name,
             kind=kind,
-            base_url=entry.get("base_url"),
+            base_url=base_url,
             api_key_env=entry.get("api_key_env"),
             connect_timeout=float(entry.get("connect_timeout", 3)),
             read_timeout=float(entry.get("read_timeout", 300)),

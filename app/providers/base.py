@@ -180,15 +180,18 @@ class RouteTarget:
 class NativeCall:
     """A request passed through to an upstream in its own wire format, not translated.
 
-    ``api`` is the protocol (``responses``, ``messages``); ``body`` the caller's, whose
-    ``model`` becomes the route's name for it; ``headers`` the caller's protocol headers
-    that go on with it (``anthropic-version``, ``anthropic-beta``).
+    ``api`` is the protocol (``responses``, ``messages``, ``gemini``); ``body`` the
+    caller's, whose ``model`` becomes the route's name for it; ``headers`` the caller's
+    protocol headers that go on with it (``anthropic-version``, ``anthropic-beta``).
+    ``model`` is the model the caller named, for a protocol whose body does not name it
+    (Gemini's path does): the route's name for it is replaced by it in messages passed on.
     """
 
     api: str
     body: Mapping[str, Any]
     headers: Mapping[str, str] = field(default_factory=dict)
     stream: bool = False
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,8 @@ class Adapter(ABC):
     """
 
     kind: ClassVar[str]
+    # Where the upstream is when its catalog entry names no ``base_url`` (None: required).
+    default_base_url: ClassVar[str | None] = None
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         self.upstream = upstream

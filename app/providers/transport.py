@@ -238,12 +238,14 @@ class HttpUpstreamAdapter(Adapter):
         *,
         stream: bool,
         public_model: str,
+        upstream_model: str | None = None,
     ) -> UpstreamResponse:
         """POST ``body`` as JSON; return the response once its status is a success.
 
         ``url`` is in prepared form (``prepared_url``). A whole answer's body is read
         before the return (``content``), a stream's is left to read. ``public_model``
-        replaces the upstream's name for the model in a passed-on message.
+        replaces the upstream's name for the model in a passed-on message: the body's
+        ``model``, or ``upstream_model`` for a protocol that names it in the path.
         """
         headers = {**self.default_headers, **headers}
         if request_id := current_request_id():
@@ -251,7 +253,8 @@ class HttpUpstreamAdapter(Adapter):
         response = self.exchange(url, dumps(body), headers, stream=stream)
         if response.status >= 300:
             try:
-                error = self.status_error(response, (str(body.get("model")), public_model))
+                named = upstream_model or str(body.get("model"))
+                error = self.status_error(response, (named, public_model))
             finally:
                 response.close()
             if isinstance(error, UpstreamError):
@@ -289,7 +292,7 @@ class HttpUpstreamAdapter(Adapter):
         An answer that is not a JSON object is returned undecoded, not raised: the
         upstream answered, and may have billed it, so it is not tried again.
         """
-        response = self._post_native(call, target, stream=False)
+        response = self.post_native(call, target, stream=False)
         body = response.content or b""
         try:
             decoded = loads(body)
@@ -302,7 +305,7 @@ class HttpUpstreamAdapter(Adapter):
 
     def relay_stream(self, call: NativeCall, target: RouteTarget) -> Iterator[bytes]:
         """Pass ``call`` through streamed: yield the upstream's bytes as each read brings them."""
-        response = self._post_native(call, target, stream=True)
+        response = self.post_native(call, target, stream=True)
         complete = False
         try:
             yield from received_chunks(response)
@@ -312,9 +315,10 @@ class HttpUpstreamAdapter(Adapter):
             # the upstream generating (and charging for) tokens nobody will read.
             release_response(response, complete=complete)
 
-    def _post_native(
+    def post_native(
         self, call: NativeCall, target: RouteTarget, *, stream: bool
     ) -> UpstreamResponse:
+        """Send ``call`` to its protocol's path: the caller's body, the route's model in it."""
         base = (self.upstream.base_url or "").rstrip("/")
         headers = self.headers()
         for name in self.passed_on_headers:

@@ -153,7 +153,7 @@ def test_the_example_catalog_of_real_upstreams_loads_without_their_keys(monkeypa
     adapters = {
         route.adapter.upstream.name: route.adapter for m in catalog.list() for route in m.routes
     }
-    assert {adapter.kind for adapter in adapters.values()} == {"openai", "anthropic"}
+    assert {adapter.kind for adapter in adapters.values()} == {"openai", "anthropic", "gemini"}
     assert set(adapters) == set(upstreams)
     assert any(len(model.routes) > 1 for model in catalog.list())
     with pytest.raises(UpstreamMisconfigured):
@@ -267,3 +267,48 @@ def test_a_route_may_not_pass_through_what_its_upstream_does_not_speak(upstream,
 
     with pytest.raises(CatalogError, match=r"routes\[0\]: api must be one of"):
         build_catalog(document)
+
+
+def gemini_document(api=None, kind="gemini", **upstream):
+    route = {"upstream": "google", "model": "gemini-2.5-flash"}
+    if api is not None:
+        route["api"] = api
+    return {
+        "upstreams": {"google": {"kind": kind, "api_key_env": "GEMINI_API_KEY", **upstream}},
+        "models": [{"id": "m", "pricing": {"prompt": 1, "completion": 2}, "routes": [route]}],
+    }
+
+
+def test_a_gemini_upstream_is_googles_api_unless_its_base_url_says_otherwise():
+    default = build_catalog(gemini_document()).models["m"].routes[0]
+    own = build_catalog(gemini_document(base_url="http://10.0.0.9:8080/")).models["m"].routes[0]
+
+    assert default.adapter.upstream.base_url == "https://generativelanguage.googleapis.com"
+    assert own.adapter.upstream.base_url == "http://10.0.0.9:8080/"
+    # Requests from any door are translated, unless the route passes Gemini's through.
+    assert not default.speaks("gemini") and not default.speaks("messages")
+
+
+def test_a_route_of_a_gemini_upstream_may_pass_the_gemini_api_through():
+    route = build_catalog(gemini_document(api="gemini")).models["m"].routes[0]
+
+    assert route.target.api == "gemini" and route.speaks("gemini")
+
+
+@pytest.mark.parametrize(
+    ("kind", "api", "allowed"),
+    [
+        ("openai", "gemini", "responses"),
+        ("anthropic", "gemini", "none for an upstream of kind anthropic"),
+        ("gemini", "responses", "gemini"),
+    ],
+)
+def test_api_gemini_is_refused_on_other_kinds_with_one_line(kind, api, allowed):
+    document = gemini_document(api=api, kind=kind, base_url="https://a.example")
+
+    with pytest.raises(CatalogError) as caught:
+        build_catalog(document, "cat.toml")
+
+    message = str(caught.value)
+    assert message == f"cat.toml: models[0] (m): routes[0]: api must be one of: {allowed}"
+    assert "\n" not in message
