@@ -51,11 +51,16 @@ class SpendChart:
 
 
 def _scale_top(peak: Decimal) -> Decimal:
-    """Round the largest day up to a 1, 2 or 5 step, so the axis reads well."""
+    """Round the largest day up to an even multiple of its leading digit's power of ten.
+
+    The axis is labelled at 0, half the top and the top: an even multiple keeps the half
+    on that power too, so the three ticks share their decimals ($0.0000, $0.0004,
+    $0.0008; never $0.0005 beside $0.001).
+    """
     if peak <= 0:
         return Decimal("0.02")  # an empty axis reads $0.00, $0.01, $0.02
     step = Decimal(10) ** (peak.adjusted())
-    for multiple in (1, 2, 5, 10):
+    for multiple in (2, 4, 6, 8):
         if peak <= step * multiple:
             return step * multiple
     return step * 10

@@ -24,7 +24,7 @@ def test_bars_stack_per_day_and_scale_to_the_busiest_day():
     chart = spend_chart(spend, days=30, today=TODAY)
     assert [label for label, _ in chart.legend] == ["a", "b"]
     assert chart.total == Decimal("0.6")
-    assert [t.text for t in chart.y_ticks] == ["$0.00", "$0.25", "$0.50"]
+    assert [t.text for t in chart.y_ticks] == ["$0.00", "$0.20", "$0.40"]
     today_bars = [bar for bar in chart.bars if bar.title.startswith("2026-11-22")]
     assert len(today_bars) == 2 and len(chart.bars) == 3
     a, b = today_bars
@@ -49,9 +49,17 @@ def test_an_empty_month_draws_no_bars_but_an_axis():
 
 def test_the_axis_of_a_day_under_a_cent_writes_its_ticks_with_even_decimals():
     chart = spend_chart({(TODAY, "a"): Decimal("0.000669")}, days=30, today=TODAY)
-    assert [t.text for t in chart.y_ticks] == ["$0.0000", "$0.0005", "$0.0010"]
+    assert [t.text for t in chart.y_ticks] == ["$0.0000", "$0.0004", "$0.0008"]
     (bar,) = chart.bars
     assert bar.title == "2026-11-22 a: $0.000669"
+
+
+@pytest.mark.parametrize("peak", ["0.000027", "0.0009", "0.013", "0.75", "0.9", "3", "42.5", "950"])
+def test_the_axis_covers_the_busiest_day_with_ticks_of_one_precision(peak):
+    chart = spend_chart({(TODAY, "a"): Decimal(peak)}, days=30, today=TODAY)
+    texts = [t.text for t in chart.y_ticks]
+    assert len({len(text.split(".")[1]) for text in texts}) == 1, texts
+    assert Decimal(texts[-1].lstrip("$")) >= Decimal(peak), texts
 
 
 @pytest.mark.parametrize(
