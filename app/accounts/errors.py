@@ -25,3 +25,14 @@ class LastOwner(ValueError):
 
 class AlreadyMember(ValueError):
     """The person is a member of the organisation already."""
+
+
+class OrganisationNameRefused(ValueError):
+    """An organisation's name is blank or taken (in any letter case); the message says which.
+
+    ``taken_id`` is the id of the organisation that has the name, if that is why.
+    """
+
+    def __init__(self, message: str, taken_id: int | None = None) -> None:
+        super().__init__(message)
+        self.taken_id = taken_id

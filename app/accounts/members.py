@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from app.accounts.changes import record_change
-from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
+from app.accounts.errors import (
+    AlreadyMember,
+    LastOwner,
+    MemberNotFound,
+    NotAllowed,
+    OrganisationNameRefused,
+)
 from app.accounts.invites import is_open, role_to_invite, stage_invite
 from app.accounts.keys import stage_revoke_member_keys
 from app.accounts.models import (
@@ -237,7 +243,10 @@ def create_organisation(*, name: str, owner_email: str, actor: int | None) -> Ac
     """Create an empty organisation named ``name`` owned by the person ``owner_email``.
 
     The person is made if new (they set a password from an invite).
+    :raise OrganisationNameRefused: the name is blank, or taken in any letter case (the
+        operator's commands and the dashboard find an organisation by its name).
     """
+    check_organisation_name(name)
     owner = stage_person(owner_email)
     account = stage_account(email=None, name=name.strip(), owner=owner)
     record_change(
@@ -246,6 +255,20 @@ def create_organisation(*, name: str, owner_email: str, actor: int | None) -> Ac
     )  # fmt: skip
     db.session.commit()
     return account
+
+
+def check_organisation_name(name: str) -> None:
+    """Refuse a blank name, or one an organisation has in any letter case.
+
+    :raise OrganisationNameRefused: saying which, and naming the organisation with the name.
+    """
+    if not name.strip():
+        raise OrganisationNameRefused("an organisation's name must not be blank")
+    if taken := organisations_named(name):
+        raise OrganisationNameRefused(
+            f"an organisation named {taken[0].name!r} exists already (id {taken[0].id})",
+            taken[0].id,
+        )
 
 
 def organisations_named(name: str) -> list[Account]:

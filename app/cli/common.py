@@ -18,6 +18,7 @@ from app.accounts.errors import (
     KeyNotFound,
     LastOwner,
     MemberNotFound,
+    OrganisationNameRefused,
 )
 from app.accounts.members import find_organisation
 from app.accounts.organisations import is_email_address
@@ -170,6 +171,7 @@ def operator_errors() -> Iterator[None]:
         InvalidKeyLimits,
         InvalidAlertSetting,
         EndpointNotFound,
+        OrganisationNameRefused,
     ) as error:
         raise click.ClickException(str(error)) from None
 

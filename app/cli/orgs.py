@@ -18,7 +18,6 @@ from app.accounts.members import (
     find_organisation,
     invite_member,
     list_members,
-    organisations_named,
     remove_member,
 )
 from app.accounts.models import ROLES, Membership
@@ -52,22 +51,11 @@ orgs_cli = OperatorGroup("orgs", help="Create organisations, their members and b
 @click.option("--credits", "amount", type=INITIAL_USD, help="Initial credits in USD (0 or more).")
 def create_organisation_command(name: str, owner_email: str, amount: Decimal | None) -> None:
     """Create the organisation NAME owned by --owner (a new person sets a password by invite)."""
-    _refuse_taken_name(name)
     with operator_errors():
         account = create_organisation(name=name, owner_email=owner_email, actor=None)
         if amount:
             ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
     click.echo(f"created organisation {account.id} {account.name!r} owned by {owner_email}")
-
-
-def _refuse_taken_name(name: str) -> None:
-    """Refuse a blank name, or one taken in any letter case: commands find ORG by it."""
-    if not name.strip():
-        raise click.ClickException("an organisation's name must not be blank")
-    if taken := organisations_named(name):
-        raise click.ClickException(
-            f"an organisation named {taken[0].name!r} exists already (id {taken[0].id})"
-        )
 
 
 @orgs_cli.command("invite")

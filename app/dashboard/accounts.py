@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from app.accounts.models import Membership, Person
 from app.auth.models import DELETED, ApiKey
+from app.budgets import MONTH, budget_state
 from app.credits.ledger import month_start
 from app.credits.models import Account, LedgerEntry
 from app.dashboard.pages import Page, fetch_page
@@ -20,10 +21,14 @@ from app.extensions import db
 
 @dataclass(frozen=True)
 class KeyRow:
-    """A key as the keys page lists it."""
+    """A key as the keys page lists it: ``spent`` in ``spent_window`` (its limit's window).
+
+    A key without a limit counts the calendar month.
+    """
 
     key: ApiKey
-    spend_this_month: Decimal
+    spent: Decimal
+    spent_window: str
     member_email: str
 
 
@@ -55,16 +60,23 @@ def memberships(account_id: int) -> list[Membership]:
 
 
 def account_key_rows(account_id: int, now: datetime, member_id: int | None = None) -> list[KeyRow]:
-    """Return the account's keys (not deleted), newest first, with their spend this month.
+    """Return the account's keys (not deleted), newest first, with their spend.
 
-    Only the member's keys if ``member_id`` is given; each row names the key's member.
+    A limited key's spend is its limit's window's, as the limit counts it; any other's
+    is this calendar month's. Only the member's keys if ``member_id`` is given; each row
+    names the key's member.
     """
     keys = account_keys(account_id, member_id)
-    spend = spend_by_key_since(account_id, month_start(now.astimezone(UTC)))
+    this_month = spend_by_key_since(account_id, month_start(now.astimezone(UTC)))
     owners = member_emails(account_id)
-    return [
-        KeyRow(key, spend.get(key.id, Decimal(0)), owners.get(key.member_id, "")) for key in keys
-    ]
+    rows = []
+    for key in keys:
+        if key.budget is None:
+            spent, window = this_month.get(key.id, Decimal(0)), MONTH
+        else:
+            spent, window = budget_state(key, now).spent, key.budget_window
+        rows.append(KeyRow(key, spent, window, owners.get(key.member_id, "")))
+    return rows
 
 
 def member_emails(account_id: int) -> dict[int, str]:

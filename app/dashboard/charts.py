@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 
-from app.dashboard.formatting import format_usd
+from app.dashboard.formatting import format_usd, usd_places
 
 PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4b5563")
 WIDTH, HEIGHT = 720, 220
@@ -51,11 +51,16 @@ class SpendChart:
 
 
 def _scale_top(peak: Decimal) -> Decimal:
-    """Round the largest day up to a 1, 2 or 5 step, so the axis reads well."""
+    """Round the largest day up to an even multiple of its leading digit's power of ten.
+
+    The axis is labelled at 0, half the top and the top: an even multiple keeps the half
+    on that power too, so the three ticks share their decimals ($0.0000, $0.0004,
+    $0.0008; never $0.0005 beside $0.001).
+    """
     if peak <= 0:
-        return Decimal("0.01")
+        return Decimal("0.02")  # an empty axis reads $0.00, $0.01, $0.02
     step = Decimal(10) ** (peak.adjusted())
-    for multiple in (1, 2, 5, 10):
+    for multiple in (2, 4, 6, 8):
         if peak <= step * multiple:
             return step * multiple
     return step * 10
@@ -71,7 +76,8 @@ def _day_bars(
             continue
         height = max(float(cost / scale.top) * scale.plot_height, 1.0)
         base -= height
-        bars.append(Bar(x, base, width, height, color, f"{day.isoformat()} {model}: ${cost:.4f}"))
+        title = f"{day.isoformat()} {model}: {format_usd(cost)}"
+        bars.append(Bar(x, base, width, height, color, title))
     return bars
 
 
@@ -108,10 +114,15 @@ def spend_chart(spend: dict[tuple[date, str], Decimal], *, days: int, today: dat
         for i, day in enumerate(dates)
         if (days - 1 - i) % 7 == 0
     ]
+    shares = (Decimal(0), Decimal("0.5"), Decimal(1))
+    places = usd_places(scale.top * share for share in shares)
     y_ticks = [
-        Tick(LEFT - 6, HEIGHT - BOTTOM - float(share) * scale.plot_height + 4, format_usd(value))
-        for share in (Decimal(0), Decimal("0.5"), Decimal(1))
-        for value in [scale.top * share]
+        Tick(
+            LEFT - 6,
+            HEIGHT - BOTTOM - float(share) * scale.plot_height + 4,
+            format_usd(scale.top * share, places),
+        )
+        for share in shares
     ]
     return SpendChart(
         width=WIDTH,

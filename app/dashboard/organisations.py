@@ -15,12 +15,19 @@ from werkzeug.wrappers import Response as BaseResponse
 from app.accounts import members
 from app.accounts.budgets import set_member_budget
 from app.accounts.changes import recent_changes
-from app.accounts.errors import AlreadyMember, LastOwner, MemberNotFound, NotAllowed
+from app.accounts.errors import (
+    AlreadyMember,
+    LastOwner,
+    MemberNotFound,
+    NotAllowed,
+    OrganisationNameRefused,
+)
 from app.accounts.invites import mail_invite, pending_invites
 from app.accounts.models import ADMIN, OWNER
 from app.accounts.organisations import memberships_of
 from app.budgets import budget_state
 from app.dashboard.addresses import public_link
+from app.dashboard.formatting import organisation_label
 from app.dashboard.forms import BudgetForm, InviteForm, OrganisationForm, RoleForm
 from app.dashboard.security import current_actor, role_required
 from app.dashboard.session import switch_organisation
@@ -86,7 +93,9 @@ def _mailed(email: str, link: str) -> bool:
     try:
         mail_invite(
             email=email,
-            organisation=current_user.organisation_name,
+            organisation=organisation_label(
+                current_user.organisation_name, current_user.organisation_personal_of, None
+            ),
             inviter=current_user.email,
             link=link,
         )
@@ -180,10 +189,14 @@ def remove_member(member_id: int) -> BaseResponse:
 @login_required
 def organisations() -> str:
     """List the person's organisations, to switch between, with the form to make one."""
+    return _organisations_page(OrganisationForm())
+
+
+def _organisations_page(form: OrganisationForm) -> str:
     return render_template(
         "dashboard/organisations.html",
         memberships=memberships_of(current_user.person_id),
-        form=OrganisationForm(),
+        form=form,
     )
 
 
@@ -193,15 +206,16 @@ def create_organisation() -> BaseResponse | tuple[str, int]:
     """Make an organisation the person owns, and switch to it."""
     form = OrganisationForm()
     if not form.validate():
-        page = render_template(
-            "dashboard/organisations.html",
-            memberships=memberships_of(current_user.person_id),
-            form=form,
+        return _organisations_page(form), 400
+    try:
+        account = members.create_organisation(
+            name=form.name.data, owner_email=current_user.email, actor=current_user.person_id
         )
-        return page, 400
-    account = members.create_organisation(
-        name=form.name.data, owner_email=current_user.email, actor=current_user.person_id
-    )
+    except OrganisationNameRefused as error:
+        # Another organisation's id is the operator's to see, not a stranger's.
+        taken = "That name is taken: choose another." if error.taken_id else str(error)
+        form.name.errors.append(taken)
+        return _organisations_page(form), 400
     switch_organisation(current_user.person_id, account.id)
     flash(f"Created {account.name}.", "success")
     return redirect(url_for(".list_keys"))

@@ -17,6 +17,7 @@ from flask_login import UserMixin, login_user
 from app.accounts.models import Membership, Person
 from app.accounts.organisations import active_membership, memberships_of
 from app.credits.models import Account
+from app.dashboard.formatting import organisation_label
 from app.extensions import DashboardSessionInterface, db, login_manager
 
 ORGANISATION = "organisation_id"
@@ -25,8 +26,9 @@ ORGANISATION = "organisation_id"
 class DashboardUser(UserMixin):
     """The person a dashboard session belongs to, in their current organisation.
 
-    ``account_id``, ``member_id``, ``role`` and ``organisation_name`` are None when the
-    person belongs to no organisation (every membership removed).
+    ``account_id``, ``member_id``, ``role``, ``organisation_name`` and
+    ``organisation_label`` (the name as pages show it) are None when the person belongs
+    to no organisation (every membership removed).
     """
 
     def __init__(self, person: Person, membership: Membership | None) -> None:
@@ -39,6 +41,11 @@ class DashboardUser(UserMixin):
         self.role = membership.role if membership else None
         account = db.session.get(Account, membership.account_id) if membership else None
         self.organisation_name = account.name if account else None
+        # A sign-up's organisation is named after this address (None for one made later).
+        self.organisation_personal_of = account.email if account else None
+        self.organisation_label = (
+            organisation_label(account.name, account.email, person.email) if account else None
+        )
 
     def get_id(self) -> str:
         """Return what the session cookie records: the person's id and password mark."""

@@ -40,7 +40,13 @@ from app.credits.ledger import grant_credits
 from app.dashboard import accounts, usage
 from app.dashboard.addresses import safe_next
 from app.dashboard.charts import spend_chart
-from app.dashboard.formatting import format_usd
+from app.dashboard.formatting import (
+    current_window,
+    format_usd,
+    organisation_label,
+    usd_places,
+    window_name,
+)
 from app.dashboard.forms import (
     CreateKeyForm,
     ForgotPasswordForm,
@@ -66,6 +72,10 @@ bp = Blueprint(
     static_url_path="/dashboard/static",
 )
 bp.add_app_template_filter(format_usd, "usd")
+bp.add_app_template_filter(usd_places, "usd_places")
+bp.add_app_template_filter(window_name, "window_name")
+bp.add_app_template_filter(current_window, "current_window")
+bp.add_app_template_global(organisation_label, "organisation_label")
 CHART_DAYS = 30
 # The generations list's place, carried by its Newer and Older links beside the filter.
 PAGING_ARGS = ("before", "after")

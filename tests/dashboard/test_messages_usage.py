@@ -23,7 +23,8 @@ def test_usage_and_csv_name_the_messages_api_never_the_content(app, holder_clien
     assert api.post("/v1/chat/completions", json=chat, headers=headers).status_code == 200
 
     usage = client.get("/usage").text
-    assert "<td>messages</td>" in usage and "<td>chat</td>" in usage
+    api = '<td data-label="API">{}</td>'.format
+    assert api("messages") in usage and api("chat") in usage
     rows = client.get("/usage.csv").text.splitlines()
     assert sorted(row.split(",")[3] for row in rows[1:]) == ["chat", "messages"]
     assert answered.json["id"] in "\n".join(rows)

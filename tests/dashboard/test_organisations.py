@@ -14,6 +14,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
+from app.accounts.members import organisations_named
 from app.accounts.models import Change, Membership, Person
 from app.accounts.passwords import hash_password
 from app.auth.keys import digest_key
@@ -279,7 +280,8 @@ def test_a_person_switches_between_their_organisations(app, team):
         switch = f"/organisations/{account_id}/switch"
         assert admin.client.post(switch, data={"csrf_token": token}).status_code == 302
         assert admin.client.get("/members").status_code == members_page
-        assert f"paid from {name}" in admin.client.get("/keys").text, "the session keeps it"
+        keys_page = html.unescape(admin.client.get("/keys").text)
+        assert f"balance of {name}'s organisation" in keys_page, "the session keeps it"
 
 
 def _account_of(app, owner_email: str) -> int:
@@ -320,7 +322,7 @@ def test_an_invite_is_mailed_when_smtp_is_set(app, team, smtp_server, monkeypatc
     assert sent.status_code == 302, "mailed: the link is not shown"
     assert "invite-link" not in owner.client.get("/members").text
     (message,) = received
-    assert message["To"] == email and message["Subject"].startswith("Join ")
+    assert message["To"] == email and message["Subject"] == f"Join {owner.email}'s organisation"
     link = re.search(r"(http://localhost/invite/\S+)", message.get_payload()).group(1)
     client = join_from_link(app, link, email)
     assert client.get("/keys").status_code == 200
@@ -366,3 +368,28 @@ def test_an_admin_creates_a_key_for_a_member_and_a_member_only_for_themselves(ap
             ).all()
         )
     assert owners == {"for-the-member": member.member_id, "not-for-the-admin": member.member_id}
+
+
+def test_an_organisation_is_not_made_under_a_name_taken_in_any_letter_case(app, team):
+    owner, _, _ = team
+    name = f"Team {new_email()[7:15]}"
+    made = post_form(owner.client, "/organisations", "/organisations", {"name": name})
+    assert made.status_code == 302
+    for taken in (name, name.upper(), f"  {name.lower()} ", owner.email.upper()):
+        refused = post_form(owner.client, "/organisations", "/organisations", {"name": taken})
+        assert refused.status_code == 400, taken
+        assert "That name is taken: choose another." in refused.text
+        assert 'aria-invalid="true"' in refused.text, "the field is marked for forms.js to focus"
+    with app.app_context():
+        assert len(organisations_named(name)) == 1
+        assert len(organisations_named(owner.email)) == 1
+
+
+def test_the_header_names_the_person_and_the_organisation_once_each(app, team):
+    owner, admin, _ = team
+    header = re.search(r"<header.*?</header>", owner.client.get("/keys").text, re.S).group(0)
+    assert header.count(owner.email) == 1
+    assert "your personal organisation (owner)" in html.unescape(header)
+    header = re.search(r"<header.*?</header>", admin.client.get("/keys").text, re.S).group(0)
+    assert f"{owner.email}'s organisation (admin)" in html.unescape(header)
+    assert header.count(admin.email) == 1

@@ -414,7 +414,8 @@ def test_usage_and_csv_say_which_api_a_generation_came_through_never_its_content
     assert api.post("/v1/chat/completions", json=chat, headers=headers).status_code == 200
 
     usage = client.get("/usage").text
-    assert "<td>responses</td>" in usage and "<td>chat</td>" in usage
+    api = '<td data-label="API">{}</td>'.format
+    assert api("responses") in usage and api("chat") in usage
     rows = client.get("/usage.csv").text.splitlines()
     assert sorted(row.split(",")[3] for row in rows[1:]) == ["chat", "responses"]
     assert answered.json["id"] in "\n".join(rows)
