@@ -68,6 +68,7 @@ def register_blueprints(app: Flask) -> None:
     from app.dashboard import (
         access,  # noqa: F401  (adds its pages to the blueprint)
         alerts,  # noqa: F401  (adds its page to the blueprint)
+        billing,  # noqa: F401  (adds the Balance page to the blueprint)
         organisations,  # noqa: F401  (adds its pages to the blueprint)
     )
     from app.dashboard import views as dashboard_views

@@ -73,6 +73,15 @@ class FakeStripe:
     sessions: dict[str, dict] = field(default_factory=dict)
     charges: dict[str, dict] = field(default_factory=dict)
     deliveries: list[tuple[str, int]] = field(default_factory=list)
+    # When set, the events of a payment wait in ``held`` until release() sends them:
+    # a webhook that lands after its buyer is back on the gateway.
+    hold_events: bool = False
+    held: list[dict] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Deliver the events held back, in order."""
+        while self.held:
+            self.deliver(self.held.pop(0))
 
     def event(self, event_type: str, obj: dict, event_id: str | None = None) -> dict:
         """Return an event of ``event_type`` about ``obj``, as Stripe sends it."""
@@ -125,6 +134,20 @@ class FakeStripe:
         session.update(status="complete", payment_status="paid", payment_intent=intent)
         self.charges[charge["id"]] = charge
         return session, charge
+
+    def checkout(self, session_id: str) -> str:
+        """Pay the session as its buyer would on Checkout; return where Stripe sends them."""
+        session, charge = self.pay(session_id)
+        paid = [
+            self.event("checkout.session.completed", _public(session)),
+            self.event("charge.succeeded", charge),
+        ]
+        if self.hold_events:
+            self.held.extend(paid)
+        else:
+            for event in paid:
+                self.deliver(event)
+        return session["success_url"].replace("{CHECKOUT_SESSION_ID}", session_id)
 
     def refund(self, charge_id: str, cents: int) -> dict:
         """Refund ``cents`` more of the charge; return it as charge.refunded carries it."""
@@ -214,11 +237,7 @@ def stripe_serving() -> Iterator[FakeStripe]:
             if not self.path.startswith("/pay/"):
                 self._answer(404, {"error": {"type": "invalid_request_error"}})
                 return
-            session_id = self.path.removeprefix("/pay/")
-            session, charge = fake.pay(session_id)
-            fake.deliver(fake.event("checkout.session.completed", _public(session)))
-            fake.deliver(fake.event("charge.succeeded", charge))
-            target = session["success_url"].replace("{CHECKOUT_SESSION_ID}", session_id)
+            target = fake.checkout(self.path.removeprefix("/pay/"))
             self.send_response(303)
             self.send_header("Location", target)
             self.send_header("Content-Length", "0")

@@ -15,6 +15,7 @@ from app.extensions import db
 from app.payments.models import PaymentOrder
 from app.payments.orders import Quote, place_order
 from tests.conftest import running_server
+from tests.dashboard.conftest import artifacts, browser, page  # noqa: F401 - the browser's fixtures
 from tests.factories import AccountFactory
 from tests.stripe_server import SECRET_KEY, WEBHOOK_SECRET, FakeStripe, stripe_serving
 

@@ -1,0 +1,97 @@
+"""The Balance page: members see the balance; owners and admins buy credits and redeem codes.
+
+Forms through Werkzeug's client for the rules; a real browser against gunicorn and the
+local Stripe for Add credits through to a paid order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+
+from app.payments.codes import create_codes
+from tests.dashboard.conftest import (
+    make_holder,
+    new_client,
+    post_form,
+    sign_in,
+)
+from tests.payments.conftest import books
+from tests.stripe_server import SECRET_KEY
+
+
+@pytest.fixture
+def stripe_configured(app, fake_stripe) -> Iterator[None]:
+    """The in-process app set up to sell credits through the local Stripe (3% fee)."""
+    settings = {
+        "STRIPE_SECRET_KEY": SECRET_KEY,
+        "STRIPE_API_BASE": fake_stripe.url,
+        "TOPUP_FEE_PERCENT": Decimal(3),
+    }
+    before = {name: app.config[name] for name in settings}
+    app.config.update(settings)
+    yield
+    app.config.update(before)
+
+
+def test_without_stripe_the_page_says_buying_is_not_set_up(app):
+    _, email = make_holder(app)
+    client = new_client(app)
+    sign_in(client, email)
+    page = client.get("/balance").text
+    assert "Buying credits is not set up" in page and "Add credits</button>" not in page
+    refused = post_form(client, "/balance", "/balance/credits", {"amount": "20"})
+    assert refused.status_code == 409
+
+
+def test_an_owner_buys_within_the_bounds_through_checkout(app, stripe_configured, fake_stripe):
+    account_id, email = make_holder(app)
+    client = new_client(app)
+    sign_in(client, email)
+    page = client.get("/balance")
+    assert "A fee of 3% is added" in page.text and "$5.00" in page.text
+    assert fake_stripe.url in page.headers["Content-Security-Policy"]
+    for amount in ("4.99", "10000.01", "twenty", "5.001"):
+        refused = post_form(client, "/balance", "/balance/credits", {"amount": amount})
+        assert refused.status_code == 400, amount
+    sent = post_form(client, "/balance", "/balance/credits", {"amount": "20"})
+    assert sent.status_code == 303
+    session_id = sent.headers["Location"].rsplit("/", 1)[1]
+    method, path, params, headers = next(
+        r
+        for r in fake_stripe.requests
+        if r[1] == "/v1/checkout/sessions"
+        and r[2]["client_reference_id"] == fake_stripe.sessions[session_id]["client_reference_id"]
+    )
+    _, _, (order,) = books(app, account_id)
+    assert params["mode"] == "payment" and params["client_reference_id"] == order.id
+    assert [item["price_data"]["unit_amount"] for item in params["line_items"]] == ["2000", "60"]
+    assert params["payment_intent_data"]["metadata"]["order_id"] == order.id
+    assert headers["Idempotency-Key"] == f"checkout-{order.id}"
+    assert order.status == "pending" and order.checkout_session_id == session_id
+    status = client.get(f"/balance/orders/{order.id}")
+    assert "Status: pending" in status.text and status.headers["Refresh"] == "2"
+
+
+def test_codes_are_redeemed_once_and_not_after_they_expire(app):
+    account_id, email = make_holder(app, Decimal(0))
+    client = new_client(app)
+    sign_in(client, email)
+    with app.app_context():
+        (code,) = create_codes(Decimal("12.5"))
+    redeemed = post_form(client, "/balance", "/balance/redeem", {"code": code})
+    assert redeemed.status_code == 303
+    again = post_form(client, "/balance", "/balance/redeem", {"code": code})
+    assert again.status_code == 400 and "redeemed already" in again.text
+    wrong = post_form(client, "/balance", "/balance/redeem", {"code": "gc_nothing"})
+    assert wrong.status_code == 400 and "not valid" in wrong.text
+    balance, entries, _ = books(app, account_id)
+    code_id = code.split("_")[1]
+    assert balance == Decimal("12.5")
+    assert [(e.amount, e.description) for e in entries] == [
+        (Decimal("12.5"), f"redemption code gc_{code_id}")
+    ]
+    assert code not in client.get("/balance").text
+    assert f"gc_{code_id}" in client.get("/balance").text
