@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from flask import abort, current_app, flash, g, redirect, render_template, request, url_for
+from flask import (
+    Response,
+    abort,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from werkzeug.wrappers import Response as BaseResponse
@@ -22,8 +32,9 @@ from app.accounts.models import ADMIN
 from app.dashboard import accounts
 from app.dashboard.addresses import public_link
 from app.dashboard.security import role_required
-from app.dashboard.views import bp
-from app.payments.books import book_lines
+from app.dashboard.views import _csv_cell, _csv_text, bp
+from app.database import utcnow
+from app.payments.books import COLUMNS, book_lines
 from app.payments.codes import CodeRefused, redeem
 from app.payments.models import PENDING
 from app.payments.orders import (
@@ -135,6 +146,24 @@ def order_status(order_id: str) -> tuple[str, int, dict[str, str]]:
     account = accounts.find_account(current_user.account_id)
     headers = {"Refresh": str(ORDER_REFRESH_SECONDS)} if order.status == PENDING else {}
     return render_template("dashboard/order.html", order=order, account=account), 200, headers
+
+
+@bp.get("/balance/payments.csv")
+@role_required(ADMIN)
+def payments_csv() -> Response:
+    """Export the organisation's payments, take-backs and codes redeemed as CSV."""
+    lines = book_lines(current_user.account_id)
+    body = ",".join(COLUMNS) + "\r\n"
+    body += "".join(
+        ",".join(_csv_cell(_csv_text(str(cell))) for cell in line.row().values()) + "\r\n"
+        for line in lines
+    )
+    filename = f"payments-{utcnow().date().isoformat()}.csv"
+    return Response(
+        body,
+        mimetype="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
 
 
 @bp.post("/balance/redeem")

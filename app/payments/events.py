@@ -28,6 +28,7 @@ from app.payments.models import (
     DISPUTE_LOST,
     DISPUTE_OPEN,
     DISPUTE_WON,
+    EXPIRED,
     FAILED,
     PAID,
     PENDING,
@@ -165,13 +166,23 @@ def _session_paid(connection: Connection, session: dict[str, Any]) -> str | None
 
 def _session_failed(connection: Connection, session: dict[str, Any]) -> str | None:
     """Fail the order whose delayed payment method failed, unless it was paid after all."""
+    return _end_unpaid(connection, session, FAILED)
+
+
+def _session_expired(connection: Connection, session: dict[str, Any]) -> str | None:
+    """Close the order whose Checkout session expired unpaid."""
+    return _end_unpaid(connection, session, EXPIRED)
+
+
+def _end_unpaid(connection: Connection, session: dict[str, Any], status: str) -> str | None:
+    """Move the session's order from pending to ``status``; a paid order stays paid."""
     order = _matching_order(connection, session)
     if order is None:
         return None
     connection.execute(
         update(orders)
         .where(orders.c.id == order.id, orders.c.status == PENDING)
-        .values(status=FAILED)
+        .values(status=status)
     )
     return order.id
 
@@ -305,6 +316,7 @@ HANDLERS: dict[str, Handler] = {
     "checkout.session.completed": _session_completed,
     "checkout.session.async_payment_succeeded": _session_paid,
     "checkout.session.async_payment_failed": _session_failed,
+    "checkout.session.expired": _session_expired,
     "charge.succeeded": _charge_succeeded,
     "charge.refunded": _charge_refunded,
     "charge.dispute.created": _dispute_created,

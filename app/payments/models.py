@@ -8,8 +8,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.database import Money, UTCDateTime, utcnow
 from app.extensions import db
 
-# An order's state: waiting for Stripe's word; paid (its credits granted); failed.
-PENDING, PAID, FAILED = "pending", "paid", "failed"
+# An order's state: waiting for Stripe's word; paid (its credits granted); failed; or
+# expired (its Checkout session was left unpaid until Stripe closed it).
+PENDING, PAID, FAILED, EXPIRED = "pending", "paid", "failed", "expired"
 # How an order was placed: at Checkout by a holder.
 CHECKOUT = "checkout"
 # A dispute's state on its order: open (its amount taken back), then won (given back) or lost.

@@ -95,3 +95,18 @@ def test_codes_are_redeemed_once_and_not_after_they_expire(app):
     ]
     assert code not in client.get("/balance").text
     assert f"gc_{code_id}" in client.get("/balance").text
+
+
+def test_the_payments_export_lists_codes_redeemed(app):
+    account_id, email = make_holder(app, Decimal(0))
+    client = new_client(app)
+    sign_in(client, email)
+    with app.app_context():
+        (code,) = create_codes(Decimal("2"))
+    post_form(client, "/balance", "/balance/redeem", {"code": code})
+    assert "Export CSV" in client.get("/balance").text
+    export = client.get("/balance/payments.csv")
+    assert export.mimetype == "text/csv"
+    header, line = export.text.strip().split("\r\n")
+    assert header == "time,organisation,kind,reference,amount_usd,fee_usd,status,receipt"
+    assert line.split(",")[2:] == ["code", f"gc_{code.split('_')[1]}", "2", "0", "redeemed", ""]

@@ -97,6 +97,16 @@ def test_a_delayed_payment_that_fails_fails_its_order(app, payments_server, fake
     assert balance == 0 and entries == [] and order.status == "failed"
 
 
+def test_a_checkout_session_left_unpaid_expires_its_order(app, payments_server, fake_stripe):
+    account_id = new_account(app)
+    session = checkout_order(app, fake_stripe, account_id)
+    expired = {**_public(session), "status": "expired"}
+    answer = fake_stripe.deliver(fake_stripe.event("checkout.session.expired", expired))
+    assert answer.status_code == 200 and answer.json()["result"] == "applied"
+    balance, entries, (order,) = books(app, account_id)
+    assert balance == 0 and entries == [] and order.status == "expired"
+
+
 def test_a_bad_signature_is_refused_and_applies_nothing(app, payments_server, fake_stripe):
     account_id = new_account(app)
     event, _ = paid(fake_stripe, checkout_order(app, fake_stripe, account_id))
