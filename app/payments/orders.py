@@ -16,7 +16,7 @@ from flask import current_app
 from sqlalchemy import select
 
 from app.extensions import db
-from app.payments.models import CHECKOUT, PENDING, PaymentOrder
+from app.payments.models import CHECKOUT, FAILED, PENDING, PaymentOrder
 from app.payments.stripe_api import stripe_client
 
 CENT = Decimal("0.01")
@@ -136,6 +136,9 @@ def start_checkout(
         current_app.logger.warning(
             "order %s: Stripe did not open Checkout: %s", order.id, type(error).__name__
         )
+        # No session: nothing can pay this order, which would otherwise stay pending.
+        order.status = FAILED
+        db.session.commit()
         raise CheckoutUnavailable(order.id) from None
     order.checkout_session_id = session.id
     db.session.commit()

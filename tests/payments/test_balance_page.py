@@ -110,3 +110,21 @@ def test_the_payments_export_lists_codes_redeemed(app):
     header, line = export.text.strip().split("\r\n")
     assert header == "time,organisation,kind,reference,amount_usd,fee_usd,status,receipt"
     assert line.split(",")[2:] == ["code", f"gc_{code.split('_')[1]}", "2", "0", "redeemed", ""]
+
+
+def test_a_checkout_stripe_refuses_fails_its_order_and_says_so(app, stripe_configured):
+    app.config["STRIPE_SECRET_KEY"] = "sk_test_not_the_fakes"
+    account_id, email = make_holder(app)
+    client = new_client(app)
+    sign_in(client, email)
+    refused = post_form(client, "/balance", "/balance/credits", {"amount": "20"})
+    assert refused.status_code == 502
+    assert "Stripe could not start the payment; nothing was charged" in refused.text
+    _, _, (order,) = books(app, account_id)
+    assert order.status == "failed" and order.checkout_session_id is None
+
+
+def test_the_webhook_without_its_secret_is_not_set_up(client):
+    answer = client.post("/billing/stripe/webhook", data=b"{}")
+    assert answer.status_code == 503
+    assert answer.json["error"]["code"] == "webhook_not_configured"
