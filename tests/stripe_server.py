@@ -76,6 +76,7 @@ class FakeStripe:
     # When set, the events of a payment wait in ``held`` until release() sends them:
     # a webhook that lands after its buyer is back on the gateway.
     hold_events: bool = False
+    intents: dict[str, dict] = field(default_factory=dict)
     held: list[dict] = field(default_factory=list)
 
     def release(self) -> None:
@@ -131,6 +132,9 @@ class FakeStripe:
             "metadata": dict(session.get("payment_intent_data", {}).get("metadata", {})),
             "receipt_url": f"{self.url}/receipts/{intent}",
         }
+        if session.get("payment_intent_data", {}).get("setup_future_usage") == "off_session":
+            charge["customer"] = stripe_id("cus")
+            charge["payment_method"] = "pm_card_visa"
         session.update(status="complete", payment_status="paid", payment_intent=intent)
         self.charges[charge["id"]] = charge
         return session, charge
@@ -225,6 +229,12 @@ def stripe_serving() -> Iterator[FakeStripe]:
             if self.headers.get("Authorization") != f"Bearer {SECRET_KEY}":
                 error = {"type": "invalid_request_error", "message": "Invalid API Key provided"}
                 self._answer(401, {"error": error})
+            elif self.path == "/v1/payment_intents":
+                status, intent = payment_intent(params)
+                with lock:
+                    fake.intents[intent["id"]] = intent
+                body = intent if status == 200 else {"error": _declined(intent)}
+                self._answer(status, body)
             elif self.path == "/v1/checkout/sessions":
                 session = checkout_session(fake, params)
                 with lock:
@@ -255,6 +265,37 @@ def stripe_serving() -> Iterator[FakeStripe]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# The test card Stripe declines (its documented PaymentMethod for a generic decline).
+DECLINED_CARD = "pm_card_chargeDeclined"
+
+
+def payment_intent(params: dict) -> tuple[int, dict]:
+    """Confirm an off-session PaymentIntent: succeeded, or declined for DECLINED_CARD."""
+    declined = params.get("payment_method") == DECLINED_CARD
+    amount = int(params["amount"])
+    return (402 if declined else 200), {
+        "id": stripe_id("pi"),
+        "object": "payment_intent",
+        "amount": amount,
+        "amount_received": 0 if declined else amount,
+        "currency": params["currency"],
+        "customer": params.get("customer"),
+        "payment_method": params.get("payment_method"),
+        "metadata": params.get("metadata", {}),
+        "status": "requires_payment_method" if declined else "succeeded",
+    }
+
+
+def _declined(intent: dict) -> dict:
+    return {
+        "type": "card_error",
+        "code": "card_declined",
+        "decline_code": "generic_decline",
+        "message": "Your card was declined.",
+        "payment_intent": intent,
+    }
 
 
 def _public(session: dict) -> dict:

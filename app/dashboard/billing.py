@@ -24,7 +24,7 @@ from flask import (
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from werkzeug.wrappers import Response as BaseResponse
-from wtforms import StringField
+from wtforms import BooleanField, StringField
 from wtforms.validators import DataRequired, Length
 
 from app.accounts.members import has_role
@@ -45,8 +45,10 @@ from app.payments.orders import (
     quote,
     start_checkout,
     topup_bounds,
+    usd_in_cents,
 )
 from app.payments.stripe_api import buying_enabled
+from app.payments.topups import configure, topup_of
 
 # How soon a pending order's page loads itself again.
 ORDER_REFRESH_SECONDS = 2
@@ -55,9 +57,20 @@ STRIPE_CHECKOUT = "https://checkout.stripe.com"
 
 
 class BuyCreditsForm(FlaskForm):
-    """How many USD of credits to buy."""
+    """How many USD of credits to buy, and whether to keep the card for auto top-up."""
 
     amount = StringField("Amount (USD)", validators=[DataRequired(), Length(max=20)])
+    save_card = BooleanField("Save the card for auto top-up")
+
+
+class AutoTopupForm(FlaskForm):
+    """When auto top-up buys, how much, and whether it is on."""
+
+    threshold = StringField(
+        "Top up when the balance falls below (USD)", validators=[DataRequired(), Length(max=20)]
+    )
+    amount = StringField("Top-up amount (USD)", validators=[DataRequired(), Length(max=20)])
+    enabled = BooleanField("Auto top-up on")
 
 
 class RedeemForm(FlaskForm):
@@ -89,6 +102,8 @@ def _balance_page(status: int = 200) -> tuple[str, int]:
         buy_form=BuyCreditsForm(),
         redeem_form=RedeemForm(formdata=None),  # a code is a secret: never shown back
         lines=book_lines(account.id, limit=50) if manages else [],
+        topup=topup_of(account.id) if manages else None,
+        topup_form=_topup_form(account.id) if manages else None,
     )
     return html, status
 
@@ -126,11 +141,50 @@ def buy_credits() -> tuple[str, int] | BaseResponse:
             success_url=public_link("dashboard.order_status", order_id=order.id),
             cancel_url=public_link("dashboard.balance"),
             email=current_user.email,
+            save_card=form.save_card.data,
         )
     except CheckoutUnavailable:
         flash("Stripe could not start the payment; nothing was charged. Try again.", "error")
         return _balance_page(502)
     return redirect(checkout, code=303)
+
+
+def _topup_form(account_id: int) -> AutoTopupForm:
+    """Return the auto top-up form, filled with the organisation's settings (if any)."""
+    topup = topup_of(account_id)
+    if topup is None or topup.threshold is None:
+        return AutoTopupForm(formdata=None)
+    return AutoTopupForm(
+        formdata=None,
+        threshold=f"{topup.threshold:.2f}",
+        amount=f"{topup.amount:.2f}",
+        enabled=topup.enabled,
+    )
+
+
+@bp.post("/balance/auto-topup")
+@role_required(ADMIN)
+def set_auto_topup() -> tuple[str, int] | BaseResponse:
+    """Set the auto top-up's threshold and amount, and turn it on or off."""
+    form = AutoTopupForm()
+    if not buying_enabled():
+        flash("Buying credits is not set up on this gateway.", "error")
+        return _balance_page(409)
+    if not form.validate_on_submit():
+        flash("Give the threshold and the amount in USD.", "error")
+        return _balance_page(400)
+    try:
+        configure(
+            current_user.account_id,
+            enabled=form.enabled.data,
+            threshold=usd_in_cents(form.threshold.data),
+            amount=usd_in_cents(form.amount.data),
+        )
+    except InvalidAmount as refused:
+        flash(str(refused), "error")
+        return _balance_page(400)
+    flash("Auto top-up saved.", "success")
+    return redirect(url_for("dashboard.balance"), code=303)
 
 
 @bp.get("/balance/orders/<order_id>")

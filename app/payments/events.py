@@ -25,6 +25,7 @@ from app.credits.ledger import grant_within, take_back_within
 from app.database import utcnow, write_transaction
 from app.money import to_money
 from app.payments.models import (
+    AUTO_TOPUP,
     DISPUTE_LOST,
     DISPUTE_OPEN,
     DISPUTE_WON,
@@ -35,6 +36,7 @@ from app.payments.models import (
     PaymentOrder,
     StripeEvent,
 )
+from app.payments.topups import save_card, topup_failed, topup_paid
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +216,35 @@ def _charge_succeeded(connection: Connection, charge: dict[str, Any]) -> str | N
     if intent and order.payment_intent_id is None:
         values["payment_intent_id"] = intent
     connection.execute(update(orders).where(orders.c.id == order.id).values(values))
+    customer, method = _id_of(charge.get("customer")), _id_of(charge.get("payment_method"))
+    saved = (charge.get("metadata") or {}).get("save_card") == "true"
+    if saved and customer and method:
+        save_card(connection, order.account_id, customer, method)
+    return order.id
+
+
+def _intent_succeeded(connection: Connection, intent: dict[str, Any]) -> str | None:
+    """Pay an auto top-up's order (a Checkout order is paid by its session's events)."""
+    order = _order_of_payment(connection, intent)
+    if order is None or order.kind != AUTO_TOPUP:
+        return None
+    charged = intent.get("amount_received", intent.get("amount"))
+    if charged != order.total_cents or intent.get("currency") != order.currency:
+        raise EventRefused(
+            f"order {order.id}: PaymentIntent {intent.get('id')} charged {charged} "
+            f"{intent.get('currency')}, the order is {order.total_cents} {order.currency}"
+        )
+    _pay(connection, order)
+    topup_paid(connection, order.account_id)
+    return order.id
+
+
+def _intent_failed(connection: Connection, intent: dict[str, Any]) -> str | None:
+    """Fail an auto top-up's order whose off-session payment failed."""
+    order = _order_of_payment(connection, intent)
+    if order is None or order.kind != AUTO_TOPUP:
+        return None
+    topup_failed(connection, order.id, order.account_id)
     return order.id
 
 
@@ -318,6 +349,8 @@ HANDLERS: dict[str, Handler] = {
     "checkout.session.async_payment_failed": _session_failed,
     "checkout.session.expired": _session_expired,
     "charge.succeeded": _charge_succeeded,
+    "payment_intent.succeeded": _intent_succeeded,
+    "payment_intent.payment_failed": _intent_failed,
     "charge.refunded": _charge_refunded,
     "charge.dispute.created": _dispute_created,
     "charge.dispute.closed": _dispute_closed,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String
+from sqlalchemy import Boolean, CheckConstraint, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.database import Money, UTCDateTime, utcnow
@@ -11,8 +11,10 @@ from app.extensions import db
 # An order's state: waiting for Stripe's word; paid (its credits granted); failed; or
 # expired (its Checkout session was left unpaid until Stripe closed it).
 PENDING, PAID, FAILED, EXPIRED = "pending", "paid", "failed", "expired"
-# How an order was placed: at Checkout by a holder.
-CHECKOUT = "checkout"
+# How an order was placed: at Checkout by a holder, or off-session by auto top-up.
+CHECKOUT, AUTO_TOPUP = "checkout", "auto_topup"
+# Failed off-session payments in a row that turn auto top-up off.
+TOPUP_FAILURES_ALLOWED = 3
 # A dispute's state on its order: open (its amount taken back), then won (given back) or lost.
 DISPUTE_OPEN, DISPUTE_WON, DISPUTE_LOST = "open", "won", "lost"
 
@@ -30,6 +32,13 @@ class PaymentOrder(db.Model):
     __tablename__ = "payment_orders"
     __table_args__ = (
         Index("ix_payment_orders_account_id_created_at", "account_id", "created_at"),
+        Index(
+            "uq_payment_orders_auto_topup_pending",
+            "account_id",
+            unique=True,
+            sqlite_where=text("kind = 'auto_topup' AND status = 'pending'"),
+            postgresql_where=text("kind = 'auto_topup' AND status = 'pending'"),
+        ),
         CheckConstraint("total_cents > 0", name="total_positive"),
     )
 
@@ -78,3 +87,24 @@ class RedemptionCode(db.Model):
     expires_at = mapped_column(UTCDateTime, nullable=True)
     redeemed_by: Mapped[int | None] = mapped_column(ForeignKey("accounts.id"), nullable=True)
     redeemed_at = mapped_column(UTCDateTime, nullable=True)
+
+
+class AutoTopup(db.Model):
+    """An organisation's auto top-up: its saved card, and when and how much to buy.
+
+    When the balance is below ``threshold``, one off-session payment of ``amount`` is
+    made with the card saved at Checkout; ``armed`` is cleared when it is made, and set
+    again once the balance is back at or above the threshold, so that one crossing
+    makes one payment. ``failures`` counts failed payments in a row.
+    """
+
+    __tablename__ = "auto_topups"
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    threshold = mapped_column(Money, nullable=True)
+    amount = mapped_column(Money, nullable=True)
+    customer_id: Mapped[str | None] = mapped_column(String(255))
+    payment_method_id: Mapped[str | None] = mapped_column(String(255))
+    armed: Mapped[bool] = mapped_column(Boolean, default=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)

@@ -74,18 +74,24 @@ def quote(text: str) -> Quote:
     :raise InvalidAmount: not an amount in whole cents, or outside the operator's bounds.
     """
     bounds = topup_bounds()
-    try:
-        amount = Decimal(text.strip().removeprefix("$"))
-    except InvalidOperation:
-        raise InvalidAmount(f"{text!r} is not an amount in USD") from None
-    if not amount.is_finite() or amount != amount.quantize(CENT):
-        raise InvalidAmount("The amount must be in USD, in whole cents.")
+    amount = usd_in_cents(text)
     if not bounds.minimum <= amount <= bounds.maximum:
         raise InvalidAmount(
             f"The amount must be between ${bounds.minimum:.2f} and ${bounds.maximum:.2f}."
         )
     fee = (amount * bounds.fee_percent / 100).quantize(CENT, rounding=ROUND_HALF_UP)
     return Quote(amount=amount, fee=fee)
+
+
+def usd_in_cents(text: str) -> Decimal:
+    """Parse ``text`` as an amount of USD in whole cents. :raise InvalidAmount: it is not."""
+    try:
+        amount = Decimal(text.strip().removeprefix("$"))
+    except InvalidOperation:
+        raise InvalidAmount(f"{text!r} is not an amount in USD") from None
+    if not amount.is_finite() or amount != amount.quantize(CENT):
+        raise InvalidAmount("Amounts are in USD, in whole cents.")
+    return amount
 
 
 def place_order(account_id: int, priced: Quote) -> PaymentOrder:
@@ -106,9 +112,17 @@ def place_order(account_id: int, priced: Quote) -> PaymentOrder:
 
 
 def start_checkout(
-    order: PaymentOrder, *, success_url: str, cancel_url: str, email: str | None = None
+    order: PaymentOrder,
+    *,
+    success_url: str,
+    cancel_url: str,
+    email: str | None = None,
+    save_card: bool = False,
 ) -> str:
     """Open Stripe Checkout (``mode=payment``) for ``order``; return the page to send its holder to.
+
+    ``save_card``: the card is kept for off-session payments (auto top-up), with a
+    Customer made for it.
 
     :raise CheckoutUnavailable: Stripe refused or could not be reached.
     """
@@ -128,6 +142,12 @@ def start_checkout(
     }
     if email:
         params["customer_email"] = email
+    if save_card:
+        params["customer_creation"] = "always"
+        params["payment_intent_data"] = {
+            "metadata": {"order_id": order.id, "save_card": "true"},
+            "setup_future_usage": "off_session",
+        }
     try:
         session = stripe_client().v1.checkout.sessions.create(
             params, {"idempotency_key": f"checkout-{order.id}"}

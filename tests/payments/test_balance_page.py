@@ -11,7 +11,9 @@ from decimal import Decimal
 
 import pytest
 
+from app.database import write_transaction
 from app.payments.codes import create_codes
+from app.payments.topups import save_card
 from tests.dashboard.conftest import (
     make_holder,
     new_client,
@@ -128,3 +130,33 @@ def test_the_webhook_without_its_secret_is_not_set_up(client):
     answer = client.post("/billing/stripe/webhook", data=b"{}")
     assert answer.status_code == 503
     assert answer.json["error"]["code"] == "webhook_not_configured"
+
+
+def test_the_card_is_saved_at_checkout_and_auto_top_up_set_on_the_page(
+    app, stripe_configured, fake_stripe
+):
+    account_id, email = make_holder(app)
+    client = new_client(app)
+    sign_in(client, email)
+    assert "No card saved" in client.get("/balance").text
+    sent = post_form(client, "/balance", "/balance/credits", {"amount": "20", "save_card": "y"})
+    session_id = sent.headers["Location"].rsplit("/", 1)[1]
+    params = next(
+        r[2]
+        for r in fake_stripe.requests
+        if r[1] == "/v1/checkout/sessions"
+        and r[2]["client_reference_id"] == fake_stripe.sessions[session_id]["client_reference_id"]
+    )
+    assert params["customer_creation"] == "always"
+    assert params["payment_intent_data"]["setup_future_usage"] == "off_session"
+    settings = {"threshold": "5", "amount": "10", "enabled": "y"}
+    refused = post_form(client, "/balance", "/balance/auto-topup", settings)
+    assert refused.status_code == 400 and "Save a card first" in refused.text
+    with app.app_context():
+        write_transaction(lambda c: save_card(c, account_id, "cus_test", "pm_card_visa"))
+    saved = post_form(client, "/balance", "/balance/auto-topup", settings)
+    assert saved.status_code == 303
+    page = client.get("/balance").text
+    assert "On: when the balance falls below $5.00, $10.00 of credits are bought" in page
+    too_small = post_form(client, "/balance", "/balance/auto-topup", {**settings, "amount": "1"})
+    assert too_small.status_code == 400 and "between $5.00 and $10000.00" in too_small.text

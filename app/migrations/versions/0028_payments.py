@@ -2,7 +2,9 @@
 
 ``payment_orders`` holds the credits an organisation buys and how far each got;
 ``stripe_events`` each Stripe event applied, once (its id is the key); and
-``redemption_codes`` the codes an operator hands out, kept as digests.
+``redemption_codes`` the codes an operator hands out, kept as digests; ``auto_topups``
+each organisation's saved card, threshold and amount for off-session top-ups, of which
+one at a time may be pending (a partial unique index).
 
 A refund or a dispute takes back credits that may have been spent already: the balance
 may then go below zero (the organisation is in debt until it pays it back), so the CHECK
@@ -72,6 +74,26 @@ def upgrade():
         sa.Column("redeemed_by", sa.Integer(), sa.ForeignKey("accounts.id")),
         sa.Column("redeemed_at", sa.DateTime()),
     )
+    # One auto top-up in flight per organisation: whichever workers see the crossing.
+    op.create_index(
+        "uq_payment_orders_auto_topup_pending",
+        "payment_orders",
+        ["account_id"],
+        unique=True,
+        sqlite_where=sa.text("kind = 'auto_topup' AND status = 'pending'"),
+        postgresql_where=sa.text("kind = 'auto_topup' AND status = 'pending'"),
+    )
+    op.create_table(
+        "auto_topups",
+        sa.Column("account_id", sa.Integer(), sa.ForeignKey("accounts.id"), primary_key=True),
+        sa.Column("enabled", sa.Boolean(), nullable=False),
+        sa.Column("threshold", sa.BigInteger()),
+        sa.Column("amount", sa.BigInteger()),
+        sa.Column("customer_id", sa.String(255)),
+        sa.Column("payment_method_id", sa.String(255)),
+        sa.Column("armed", sa.Boolean(), nullable=False),
+        sa.Column("failures", sa.Integer(), nullable=False),
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.drop_constraint(op.f(_BALANCE_CHECK), "accounts", type_="check")
     else:
@@ -86,6 +108,8 @@ def downgrade():
             lambda sql: sql.rstrip().removesuffix(")").rstrip()
             + f", \n\tCONSTRAINT {_BALANCE_CHECK} CHECK (balance >= 0)\n)"
         )
+    op.drop_table("auto_topups")
+    op.drop_index("uq_payment_orders_auto_topup_pending", "payment_orders")
     op.drop_table("redemption_codes")
     op.drop_table("stripe_events")
     op.drop_index("ix_payment_orders_account_id_created_at", "payment_orders")
