@@ -61,12 +61,14 @@ def register_extensions(app: Flask) -> None:
 def register_blueprints(app: Flask) -> None:
     """Mount the API under /v1, the probes, the metrics and the dashboard at the root."""
     from app import openapi
+    from app.billing import views as billing_views
     from app.catalog import views as catalog_views
     from app.completions import views as completion_views
     from app.credits import views as credit_views
     from app.dashboard import (
         access,  # noqa: F401  (adds its pages to the blueprint)
         alerts,  # noqa: F401  (adds its page to the blueprint)
+        billing,  # noqa: F401  (adds the Balance page to the blueprint)
         organisations,  # noqa: F401  (adds its pages to the blueprint)
     )
     from app.dashboard import views as dashboard_views
@@ -94,6 +96,9 @@ def register_blueprints(app: Flask) -> None:
     register_envelope(app, f"{API_PREFIX}/models", message_errors.render_for_anthropic_callers)
     app.register_blueprint(generation_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(dashboard_views.bp)
+    # Stripe signs its events; a rate limit is for API keys, which it has none of.
+    app.register_blueprint(billing_views.bp)
+    limiter.exempt(billing_views.bp)
 
 
 def register_commands(app: Flask) -> None:

@@ -53,6 +53,7 @@ from app.generations.lifecycle import progress_of, settle_interrupted
 from app.generations.live import LiveHolds, live_holds
 from app.generations.retention import add_partitions_ahead, prune_generations
 from app.observability.trace import close_trace, open_trace
+from app.payments.topups import top_up_where_due
 from app.responses.store import prune_expired_responses
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,17 @@ def prune_password_links(app: Flask, batch_size: int = PRUNE_BATCH_SIZE) -> int:
     return prune_in_batches(app, prune_expired_links, "expired links and sign-ups", batch_size)
 
 
+def make_due_topups(app: Flask) -> int:
+    """Pay the auto top-ups of the organisations below their threshold; return how many."""
+    with app.app_context():
+        try:
+            return top_up_where_due()
+        except SQLAlchemyError:
+            db.session.rollback()
+            log.exception("auto top-ups failed; will retry")
+            return 0
+
+
 Duty = Callable[[Flask], object]
 
 
@@ -239,6 +251,7 @@ SWEEPS: tuple[Duty, ...] = (
     prune_stored_responses,
     prune_password_links,
     keep_history,
+    make_due_topups,
 )
 
 

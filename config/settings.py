@@ -6,6 +6,7 @@ import ipaddress
 import os
 import secrets
 from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,15 @@ class Config:
     # Proxies in front whose X-Forwarded-For/-Proto are trusted: how many, and from where.
     PROXY_HOPS = 0
     FORWARDED_ALLOW_IPS = "127.0.0.1"
+    # Stripe (app.payments): the API key (unset: holders cannot buy credits), the secret
+    # that verifies its webhook, and another address for its API (the tests' server).
+    STRIPE_SECRET_KEY: str | None = None
+    STRIPE_WEBHOOK_SECRET: str | None = None
+    STRIPE_API_BASE: str | None = None
+    # What a holder may buy at once, in USD, and the fee (percent) added on top of it.
+    TOPUP_MIN_USD = Decimal(5)
+    TOPUP_MAX_USD = Decimal(10000)
+    TOPUP_FEE_PERCENT = Decimal(0)
 
 
 class DevelopmentConfig(Config):
@@ -176,6 +186,26 @@ def _networks(value: str) -> str:
     return value
 
 
+def _usd(value: str) -> Decimal:
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        raise ValueError("must be an amount in USD") from None
+    if not amount.is_finite() or amount <= 0 or amount != amount.quantize(Decimal("0.01")):
+        raise ValueError("must be a positive amount in USD, in whole cents")
+    return amount
+
+
+def _percent(value: str) -> Decimal:
+    try:
+        percent = Decimal(value)
+    except InvalidOperation:
+        raise ValueError("must be a percentage") from None
+    if not percent.is_finite() or not 0 <= percent < 100:
+        raise ValueError("must be a percentage from 0 to under 100")
+    return percent
+
+
 def _signup_mode(value: str) -> str:
     if value not in ("open", "closed"):
         raise ValueError("must be open or closed")
@@ -202,6 +232,12 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("MAIL_FROM", "MAIL_FROM", str),
     ("PUBLIC_URL", "PUBLIC_URL", str),
     ("ALERT_WEBHOOK_NETWORKS", "ALERT_WEBHOOK_NETWORKS", _networks),
+    ("STRIPE_SECRET_KEY", "STRIPE_SECRET_KEY", str),
+    ("STRIPE_WEBHOOK_SECRET", "STRIPE_WEBHOOK_SECRET", str),
+    ("STRIPE_API_BASE", "STRIPE_API_BASE", str),
+    ("TOPUP_MIN_USD", "TOPUP_MIN_USD", _usd),
+    ("TOPUP_MAX_USD", "TOPUP_MAX_USD", _usd),
+    ("TOPUP_FEE_PERCENT", "TOPUP_FEE_PERCENT", _percent),
 )
 
 

@@ -1,4 +1,4 @@
-"""Operator commands: ``flask accounts|credits|keys|catalog|ledger|usage|demo|orgs|alerts``.
+"""Operator commands: ``flask GROUP COMMAND``, one module per group (GROUPS lists them).
 
 One module per command group. Each command parses its arguments, calls the domain and
 echoes the result. A value meant for scripts (a key, a link, a secret) is printed alone
@@ -19,6 +19,7 @@ from app.cli.demo import DEMO_EMAIL, demo_cli
 from app.cli.keys import keys_cli
 from app.cli.ledger import ledger_cli
 from app.cli.orgs import orgs_cli
+from app.cli.payments import codes_cli, payments_cli
 from app.cli.usage import usage_cli
 
 __all__ = ["DEMO_EMAIL", "GROUPS", "register"]
@@ -33,6 +34,8 @@ GROUPS: tuple[AppGroup, ...] = (
     demo_cli,
     orgs_cli,
     alerts_cli,
+    codes_cli,
+    payments_cli,
 )
 
 

@@ -8,6 +8,7 @@ from app.cli.common import (
     OperatorGroup,
 )
 from app.generations.audit import audit_ledger
+from app.payments.audit import payment_problems
 
 ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
 
@@ -20,13 +21,17 @@ ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
 def audit_command(account_ids: tuple[int, ...], full: bool) -> None:
     """Check balance = sum of ledger, every charge against its prices, the usage rollups.
 
+    And that every paid order has its grant, and every grant of an order its paid order.
+
     Each account from its last clean checkpoint on (``--full``: from the start); exit 1
     on a mismatch. Generations charged less than their price (the balance or the key's
     limit ran out) are listed as shortfalls, and streams charged from their last recorded
     progress (their worker stopped) as estimated: the books still add up.
     """
     report = audit_ledger(account_ids or None, full=full)
-    for mismatch in report.mismatches:
+    mismatches = [str(mismatch) for mismatch in report.mismatches]
+    mismatches += payment_problems(list(account_ids) or None)
+    for mismatch in mismatches:
         click.echo(f"mismatch: {mismatch}", err=True)
     for shortfall in report.shortfalls:
         click.echo(f"shortfall: {shortfall}")
@@ -34,8 +39,8 @@ def audit_command(account_ids: tuple[int, ...], full: bool) -> None:
         click.echo(f"estimated: {estimated}")
     click.echo(
         f"checked {report.accounts} accounts and {report.generations} generations: "
-        f"{len(report.mismatches)} mismatches, {len(report.shortfalls)} shortfalls, "
+        f"{len(mismatches)} mismatches, {len(report.shortfalls)} shortfalls, "
         f"{len(report.estimated)} estimated"
     )
-    if report.mismatches:
+    if mismatches:
         raise SystemExit(1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from app.errors import APIError
 
 
@@ -39,6 +41,21 @@ class InsufficientCredits(APIError):
         if self.reason is None or self.affordable <= 0:
             return self.reason
         return f"{self.reason} Set {output_field} to at most {self.affordable}, {self.then}"
+
+
+class AccountInDebt(InsufficientCredits):
+    """The balance is below zero: a payment was taken back after its credit was spent (402).
+
+    Every request is refused until credits added bring the balance back to zero or above.
+    """
+
+    code = "account_in_debt"
+
+    def __init__(self, balance: Decimal) -> None:
+        super().__init__(
+            f"The account is in debt (balance ${balance:f}): a payment was refunded or "
+            "disputed after its credits were spent. Add credits to continue."
+        )
 
 
 class GrantOutOfRange(ValueError):

@@ -61,6 +61,7 @@ from app.credits.models import (
     NO_KEY,
     OPEN,
     SETTLED,
+    TAKE_BACK,
     VOIDED,
     Account,
     Hold,
@@ -123,10 +124,20 @@ def hour_of(moment: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Shortfall:
-    """Why a hold could not be placed: what was asked and what was available."""
+    """Why a hold could not be placed: what was asked and what was available.
+
+    ``balance`` below zero: the account is in debt (a payment was taken back after its
+    credit was spent), which refuses every request until it is paid back.
+    """
 
     requested: Decimal
     available: Decimal
+    balance: Decimal = Decimal(0)
+
+    @property
+    def in_debt(self) -> bool:
+        """Whether the balance is below zero."""
+        return self.balance < 0
 
 
 # Whose budget stopped a hold.
@@ -165,11 +176,7 @@ def grant_credits(
     ``granted by EMAIL: description``. :raise IdempotencyConflict: the key was used for
     a different amount.
     """
-    if amount <= 0 or amount > MAX_MONEY or not exact_money(amount):
-        raise GrantOutOfRange(
-            f"a grant must be a positive amount of whole {MONEY_QUANTUM} USD, "
-            f"at most {MAX_MONEY}: {amount}"
-        )
+    _refuse_out_of_range(amount)
     if granted_by:
         description = f"granted by {granted_by}" + (f": {description}" if description else "")
         description = description[:255]
@@ -202,6 +209,81 @@ def grant_credits(
             return _same_grant_or_raise(entry, amount), False
         raise
     return entry, True
+
+
+def _refuse_out_of_range(amount: Decimal) -> None:
+    if amount <= 0 or amount > MAX_MONEY or not exact_money(amount):
+        raise GrantOutOfRange(
+            f"a grant must be a positive amount of whole {MONEY_QUANTUM} USD, "
+            f"at most {MAX_MONEY}: {amount}"
+        )
+
+
+def grant_within(
+    connection: Connection,
+    *,
+    account_id: int,
+    amount: Decimal,
+    idempotency_key: str,
+    description: str,
+) -> None:
+    """Add ``amount`` USD to the balance, in the caller's transaction on ``connection``.
+
+    For credit that comes with a change of state of its own (an order paid, a code
+    redeemed), which must commit with it or not at all. ``idempotency_key`` names what
+    the credit came from: the ledger's unique key refuses a second grant of it
+    (IntegrityError), whatever the caller's own guard missed.
+    """
+    _refuse_out_of_range(amount)
+    granted = connection.execute(
+        update(Account)
+        .where(Account.id == account_id, Account.balance <= MAX_MONEY - amount)
+        .values(balance=Account.balance + amount)
+    )
+    if granted.rowcount != 1:
+        raise GrantOutOfRange(f"the balance would pass the most the ledger holds: {MAX_MONEY} USD")
+    _insert_entry(connection, account_id, GRANT, amount, idempotency_key, description)
+
+
+def take_back_within(
+    connection: Connection,
+    *,
+    account_id: int,
+    amount: Decimal,
+    idempotency_key: str,
+    description: str,
+) -> None:
+    """Take ``amount`` USD of a payment's credit back (a refund, a dispute), in one transaction.
+
+    The caller's, on ``connection``, with the change of state that takes it back.
+    Never lowered to what is left: credit already spent is not taken from past charges,
+    and the balance may go below zero, which refuses every new hold until it is paid back.
+    """
+    _refuse_out_of_range(amount)
+    connection.execute(
+        update(Account).where(Account.id == account_id).values(balance=Account.balance - amount)
+    )
+    _insert_entry(connection, account_id, TAKE_BACK, -amount, idempotency_key, description)
+
+
+def _insert_entry(
+    connection: Connection,
+    account_id: int,
+    kind: str,
+    amount: Decimal,
+    idempotency_key: str,
+    description: str,
+) -> None:
+    entry = {
+        "account_id": account_id,
+        "kind": kind,
+        "amount": amount,
+        "generation_id": None,
+        "idempotency_key": idempotency_key,
+        "description": description[:255],
+        "created_at": utcnow(),
+    }
+    connection.execute(statements.INSERT_ENTRY, entry)
 
 
 def _grant_by_key(account_id: int, idempotency_key: str) -> LedgerEntry | None:
@@ -267,7 +349,8 @@ def place_hold(
     if outcome != _HELD and release_expired_holds(account_id=account_id):
         outcome = _try_hold(hold, windows, key_digest)
     if outcome == _BALANCE_SHORT:
-        return Shortfall(requested=amount, available=account_money(account_id).available)
+        money = account_money(account_id)
+        return Shortfall(requested=amount, available=money.available, balance=money.balance)
     if outcome == _KEY_REFUSED:
         return _key_shortfall(key_id, key_digest, amount)
     if outcome == _MEMBER_REFUSED:

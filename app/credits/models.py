@@ -23,7 +23,8 @@ from app.extensions import db
 # A ledger entry's kind; a hold's state: open while its request runs, then settled by its
 # charge, or expired when its worker died and nothing was charged; or voided: its request
 # was given up for another (a retry took its Idempotency-Key over), and charges nothing.
-GRANT, CHARGE = "grant", "charge"
+# A take-back is a payment's credit returned to its payer (a refund, a lost dispute).
+GRANT, CHARGE, TAKE_BACK = "grant", "charge", "take_back"
 OPEN, SETTLED, EXPIRED, VOIDED = "open", "settled", "expired", "voided"
 
 
@@ -31,15 +32,14 @@ class Account(db.Model):
     """An organisation, who pays: a balance, and the part of it held by requests in flight.
 
     ``balance`` always equals the sum of the account's ledger entries; ``reserved`` is the
-    sum of its open holds. Both CHECKs are the last line of defence against overdraft:
-    the conditional UPDATEs in ``ledger`` are the first.
+    sum of its open holds. The conditional UPDATEs in ``ledger`` keep every hold within
+    ``balance - reserved``; the balance itself goes below zero only when a payment is
+    taken back (a refund, a dispute) after its credits were spent: the organisation is
+    then in debt, and refused every request until it pays it back.
     """
 
     __tablename__ = "accounts"
-    __table_args__ = (
-        CheckConstraint("balance >= 0", name="balance_not_negative"),
-        CheckConstraint("reserved >= 0", name="reserved_not_negative"),
-    )
+    __table_args__ = (CheckConstraint("reserved >= 0", name="reserved_not_negative"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     # The organisation's name, shown to its members; ``email`` is the holder's address of

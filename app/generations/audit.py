@@ -223,8 +223,8 @@ def _account_problems(
     if reserved != held_sum:
         problem = f"reserved ${reserved:f} but open holds sum to ${held_sum:f}"
         yield Mismatch(subject, problem, account_id)
-    if balance < 0:
-        yield Mismatch(subject, f"negative balance ${balance:f}", account_id)
+    # A balance below zero is a debt (a payment taken back after its credit was spent),
+    # not a broken book: the ledger's sum, checked above, accounts for it.
 
 
 def _units(column: Any) -> Any:

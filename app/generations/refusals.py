@@ -13,7 +13,7 @@ from decimal import Decimal
 from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
 from app.catalog.pricing import NO_SURCHARGES, Surcharges, affordable_completion_tokens
 from app.catalog.registry import Model
-from app.credits.errors import InsufficientCredits
+from app.credits.errors import AccountInDebt, InsufficientCredits
 from app.credits.ledger import KEY_BUDGET, BudgetShortfall, Shortfall
 from app.generations.errors import (
     ContextLengthExceeded,
@@ -120,7 +120,12 @@ def insufficient_credits(
     prompt_tokens: int,
     surcharges: Surcharges = NO_SURCHARGES,
 ) -> InsufficientCredits:
-    """Explain a refused hold, with the largest max_tokens the balance (or key) would cover."""
+    """Explain a refused hold, with the largest max_tokens the balance (or key) would cover.
+
+    An account in debt is refused as such, whatever the request would cost.
+    """
+    if isinstance(shortfall, Shortfall) and shortfall.in_debt:
+        return AccountInDebt(shortfall.balance)
     affordable = (
         affordable_completion_tokens(
             budget=shortfall.available,

@@ -156,11 +156,19 @@ def test_a_member_sees_only_their_own_keys_and_usage(app, team):
 def test_roles_are_checked_on_every_page_and_form(app, team):
     owner, admin, member = team
     owner_key_id, _ = create_key(owner.client, "owner-key")
-    for path in ("/members", "/balance", "/changes"):
+    for path in ("/members", "/changes"):
         assert member.client.get(path).status_code == 403, path
         assert admin.client.get(path).status_code == 200, path
+    # A member sees the balance; the ledger, the payments and the forms are an admin's.
+    members_balance = member.client.get("/balance")
+    assert members_balance.status_code == 200 and 'id="balance"' in members_balance.text
+    for admins_only in ("Ledger", "Payments", "Redeem</button>"):
+        assert admins_only not in members_balance.text
+        assert admins_only in admin.client.get("/balance").text
     token = csrf_token(member.client.get("/keys").text)
     forms = [
+        ("/balance/credits", {"amount": "20"}),
+        ("/balance/redeem", {"code": "gc_anything"}),
         ("/members", {"email": new_email(), "role": "member"}),
         (f"/members/{admin.member_id}/role", {"role": "member"}),
         (f"/members/{admin.member_id}/remove", {}),

@@ -14,7 +14,7 @@ from app.budgets import window_parameters
 from app.credits import ledger
 from app.credits.errors import IdempotencyConflict
 from app.credits.models import Account, Hold, LedgerEntry
-from app.database import fetch_on_driver, utcnow
+from app.database import fetch_on_driver, utcnow, write_transaction
 from app.extensions import db
 from tests.factories import AccountFactory
 
@@ -49,8 +49,31 @@ def test_a_hold_never_exceeds_the_available_balance(app_context):
     held = ledger.place_hold(account_id=account.id, amount=Decimal("0.6"), ttl_seconds=60)
     assert isinstance(held, ledger.HeldCredit)
     refused = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
-    assert refused == ledger.Shortfall(requested=Decimal("0.5"), available=Decimal("0.4"))
+    assert refused == ledger.Shortfall(
+        requested=Decimal("0.5"), available=Decimal("0.4"), balance=Decimal("1")
+    )
+    assert not refused.in_debt
     assert state(account.id) == (Decimal("1"), Decimal("0.6"), Decimal("1"))
+
+
+def test_credit_taken_back_below_zero_refuses_every_hold_until_paid_back(app_context):
+    account = AccountFactory.create(credits=Decimal("1"))
+    write_transaction(
+        lambda connection: ledger.take_back_within(
+            connection,
+            account_id=account.id,
+            amount=Decimal("3"),
+            idempotency_key="refund-1",
+            description="refund",
+        )
+    )
+    assert state(account.id) == (Decimal("-2"), 0, Decimal("-2"))
+    refused = ledger.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
+    assert isinstance(refused, ledger.Shortfall) and refused.in_debt
+    assert refused.balance == Decimal("-2")
+    ledger.grant_credits(account_id=account.id, amount=Decimal("2"))
+    held = ledger.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
+    assert isinstance(held, ledger.HeldCredit)
 
 
 def test_settling_charges_the_cost_and_frees_the_hold(app_context):

@@ -1,0 +1,1 @@
+"""The billing door: payment providers' webhooks, which turn payments into credits."""
