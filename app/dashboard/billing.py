@@ -31,8 +31,9 @@ from app.accounts.members import has_role
 from app.accounts.models import ADMIN
 from app.dashboard import accounts
 from app.dashboard.addresses import public_link
+from app.dashboard.formatting import csv_cell, csv_text
 from app.dashboard.security import role_required
-from app.dashboard.views import _csv_cell, _csv_text, bp
+from app.dashboard.views import bp
 from app.database import utcnow
 from app.payments.books import COLUMNS, book_lines
 from app.payments.codes import CodeRefused, redeem
@@ -209,7 +210,7 @@ def payments_csv() -> Response:
     lines = book_lines(current_user.account_id)
     body = ",".join(COLUMNS) + "\r\n"
     body += "".join(
-        ",".join(_csv_cell(_csv_text(str(cell))) for cell in line.row().values()) + "\r\n"
+        ",".join(csv_cell(csv_text(str(cell))) for cell in line.row().values()) + "\r\n"
         for line in lines
     )
     filename = f"payments-{utcnow().date().isoformat()}.csv"

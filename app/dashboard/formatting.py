@@ -1,4 +1,4 @@
-"""How the dashboard writes amounts of money, windows and organisations.
+"""How the dashboard writes amounts of money, windows, organisations and CSV cells.
 
 One rule for money: amounts shown together (a table's column, a row of figures, an
 axis) share one number of decimals, the fewest that write every one of them exactly to
@@ -8,6 +8,7 @@ $0.00; a column of whole cents stays $5.00. An amount alone takes the decimals i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -70,3 +71,19 @@ def organisation_label(name: str, personal_of: str | None, viewer_email: str | N
     if viewer_email is not None and viewer_email.lower() == personal_of.lower():
         return "your personal organisation"
     return f"{personal_of}'s organisation"
+
+
+NEEDS_QUOTES = re.compile('[,"\r\n]')
+
+
+def csv_text(value: str) -> str:
+    """Return ``value`` kept as text by spreadsheets: a leading formula character is quoted."""
+    # A cell starting like a formula would run as one in a spreadsheet; a quote keeps it text.
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+def csv_cell(value: str) -> str:
+    """Return ``value`` as csv.writer writes a cell (QUOTE_MINIMAL, the default dialect)."""
+    if NEEDS_QUOTES.search(value):
+        return '"' + value.replace('"', '""') + '"'
+    return value

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from datetime import date
@@ -42,6 +41,9 @@ from app.dashboard import accounts, usage
 from app.dashboard.addresses import safe_next
 from app.dashboard.charts import spend_chart
 from app.dashboard.formatting import (
+    NEEDS_QUOTES,
+    csv_cell,
+    csv_text,
     current_window,
     format_usd,
     organisation_label,
@@ -86,7 +88,6 @@ CSV_COLUMNS = (
 )  # fmt: skip
 CSV_HEADER = ",".join(CSV_COLUMNS) + "\r\n"
 # What makes csv.writer quote a cell: its delimiter, its quote, a line end.
-_NEEDS_QUOTES = re.compile('[,"\r\n]')
 
 
 @bp.before_request
@@ -456,29 +457,17 @@ def usage_page() -> str:
 def _csv_lines(account_id: int, chosen: usage.UsageFilter) -> Iterator[str]:
     """Yield the CSV's header, then its rows a batch at a time: one write per batch."""
     names = {
-        key_id: _csv_cell(_csv_text(name)) for key_id, name in usage.key_names(account_id).items()
+        key_id: csv_cell(csv_text(name)) for key_id, name in usage.key_names(account_id).items()
     }
     yield CSV_HEADER
     for batch in usage.generation_batches(account_id, chosen):
         yield _csv_batch(batch, names)
 
 
-def _csv_text(value: str) -> str:
-    # A cell starting like a formula would run as one in a spreadsheet; a quote keeps it text.
-    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
-
-
-def _csv_cell(value: str) -> str:
-    """Return ``value`` as csv.writer writes a cell (QUOTE_MINIMAL, the default dialect)."""
-    if _NEEDS_QUOTES.search(value):
-        return '"' + value.replace('"', '""') + '"'
-    return value
-
-
 class _Cells(dict):
     """Each text's cell, spelled once: a batch repeats a few models, apis and statuses."""
 
-    def __init__(self, spell: Callable[[str], str] = _csv_cell) -> None:
+    def __init__(self, spell: Callable[[str], str] = csv_cell) -> None:
         super().__init__()
         self.spell = spell
 
@@ -493,10 +482,10 @@ def _csv_batch(rows: Sequence[Any], names: dict[int, str]) -> str:
     The database spelled the time, the counts and cost, and the flags; the texts that
     may need quoting are quoted here, each distinct one once a batch.
     """
-    models = _Cells(lambda model: _csv_cell(_csv_text(model)))
-    cells, quoted = _Cells(), _NEEDS_QUOTES.search
+    models = _Cells(lambda model: csv_cell(csv_text(model)))
+    cells, quoted = _Cells(), NEEDS_QUOTES.search
     return "".join([
-        f"{time},{_csv_cell(gid) if quoted(gid) else gid},{models[model]},{cells[api]},"
+        f"{time},{csv_cell(gid) if quoted(gid) else gid},{models[model]},{cells[api]},"
         f"{names.get(key_id, '')},{counts},{cells[status]},{flags}\r\n"
         for time, gid, model, api, key_id, counts, status, flags in rows
     ])  # fmt: skip

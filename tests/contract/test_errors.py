@@ -181,7 +181,7 @@ def test_a_key_sent_as_x_api_key_is_accepted_as_anthropics_sdks_send_it(live_ser
     )
     refused = requests.post(
         f"{live_server.url}/v1/chat/completions",
-        headers={"x-api-key": funded_key.key[:-1] + "x"},
+        headers={"x-api-key": funded_key.key[:-1] + ("y" if funded_key.key.endswith("x") else "x")},
         json={"model": "dev-chat-mini", "messages": [{"role": "user", "content": "hi"}]},
         timeout=30,
     )
