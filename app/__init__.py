@@ -92,6 +92,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(message_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(gemini_views.bp, url_prefix=GEMINI_PREFIX)
     app.register_blueprint(gemini_views.bp_v1, url_prefix=API_PREFIX)
+    catalog_views.register_model_shape(app, gemini_views.MODEL_SHAPE)
     # Anthropic's clients read errors in Anthropic's envelope: on the Messages door's
     # paths, and on the model list when they say their API version. Google's read
     # Google's: under /v1beta, and under /v1/models on its calls or with its key.

@@ -39,7 +39,7 @@ ROLES = ("user", "model", "function", "system")
 MODES = ("AUTO", "ANY", "NONE", "VALIDATED", "MODE_UNSPECIFIED")
 THINKING_LEVELS = ("MINIMAL", "LOW", "MEDIUM", "HIGH", "THINKING_LEVEL_UNSPECIFIED")
 MAX_OUTPUT_TOKENS = 1_000_000
-MAX_STOP_SEQUENCES = 16
+MAX_STOP_SEQUENCES = 5
 MAX_CANDIDATES = 8
 # Objects whose keys are the caller's own (arguments, results, JSON Schemas): never renamed.
 FREE_FORM = frozenset(
@@ -167,7 +167,7 @@ class ThinkingConfig(ObjectSchema):
 
 
 class StopSequencesField(OptionalField):
-    """``stopSequences``: at most 16 non-empty strings."""
+    """``stopSequences``: at most 5 non-empty strings, as Google takes."""
 
     default_error_messages = {
         "invalid": "must be an array of strings.",

@@ -8,14 +8,18 @@ there in Google's shape). A model is named as the path says it, ``models/`` and 
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, g, request
+from flask.blueprints import BlueprintSetupState
+from werkzeug.routing import PathConverter
 
 from app.auth.decorators import require_api_key
 from app.catalog.errors import ModelNotFound
 from app.catalog.pricing import NO_SURCHARGES
 from app.catalog.registry import Model, current_catalog
+from app.catalog.views import ModelShape
 from app.encoding import dumps
 from app.errors import InvalidRequest
 from app.gemini.bodies import GEMINI_FRAMING, model_body
+from app.gemini.errors import from_google_client
 from app.gemini.schemas import GeminiRequest, parse_count_tokens_request, parse_generate_request
 from app.gemini.translation import StreamTranslation, chat_request, response_of, thoughts_shown
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
@@ -34,9 +38,32 @@ from app.request_body import json_body
 from app.sse import event_stream_response
 
 bp = Blueprint("gemini", __name__)
-# The same calls under /v1, where GET /models is the catalog's.
+# The same calls under /v1, where GET /models is the catalog's: it answers Google's
+# clients in this door's shape (MODEL_SHAPE).
 bp_v1 = Blueprint("gemini_v1", __name__)
 MODEL_PREFIX = "models/"
+
+
+class ModelCallConverter(PathConverter):
+    """A path that names a model and a method: ``{model}:{method}`` (the model may hold /)."""
+
+    regex = r"[^/].*:[^/:]*"
+
+
+class ModelNameConverter(PathConverter):
+    """A path that names a model alone: no ``:method`` (GET answers models, POST calls them)."""
+
+    regex = r"[^/:][^:]*"
+
+
+def add_converters(state: BlueprintSetupState) -> None:
+    """Teach the app the converters of this door's paths, once."""
+    state.app.url_map.converters.setdefault("model_call", ModelCallConverter)
+    state.app.url_map.converters.setdefault("model_name", ModelNameConverter)
+
+
+bp.record_once(add_converters)
+bp_v1.record_once(add_converters)
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 1000
 
@@ -110,8 +137,8 @@ def count_tokens(name: str, body: object) -> Response:
     return Response(dumps({"totalTokens": tokens}), mimetype="application/json")
 
 
-@bp.post("/models/<path:target>")
-@bp_v1.post("/models/<path:target>")
+@bp.post("/models/<model_call:target>")
+@bp_v1.post("/models/<model_call:target>")
 @require_api_key
 @honour_idempotency_key(new_generation_id)
 def model_call(target: str) -> Response:
@@ -123,19 +150,19 @@ def model_call(target: str) -> Response:
 @require_api_key
 def list_models() -> Response:
     """List the models the caller's key may use, as Google's Model objects, a page at a time."""
-    return Response(dumps(models_page()), mimetype="application/json")
+    models = current_catalog().list(may_use=g.caller.may_use)
+    return Response(dumps(models_page(models)), mimetype="application/json")
 
 
-@bp.get("/models/<path:name>")
+@bp.get("/models/<model_name:name>")
 @require_api_key
 def get_model(name: str) -> Response:
     """Return one model; 404 if it is not served to the caller's key."""
     return Response(dumps(one_model(name)), mimetype="application/json")
 
 
-def models_page() -> dict[str, object]:
-    """Return a page of the caller's models: ``pageSize`` of them after ``pageToken``."""
-    models = current_catalog().list(may_use=g.caller.may_use)
+def models_page(models: list[Model]) -> dict[str, object]:
+    """Return a page of ``models``: ``pageSize`` of them after ``pageToken``."""
     size = page_size(request.args.get("pageSize") or request.args.get("page_size"))
     token = request.args.get("pageToken") or request.args.get("page_token") or ""
     start = int(token) if token.isascii() and token.isdigit() else 0
@@ -162,3 +189,6 @@ def page_size(value: str | None) -> int:
             f"pageSize must be an integer from 1 to {MAX_PAGE_SIZE}.", param="pageSize"
         )
     return int(value)
+
+
+MODEL_SHAPE = ModelShape(claims=from_google_client, page=models_page, one=model_body)

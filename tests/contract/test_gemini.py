@@ -166,7 +166,9 @@ def test_thoughts_are_shown_only_when_asked_for(app, live_server, funded_key):
     parts = shown.json()["candidates"][0]["content"]["parts"]
     assert parts[0]["thought"] is True and parts[0]["text"]
     assert shown.json()["usageMetadata"]["thoughtsTokenCount"] > 0
-    assert not any(part.get("thought") for part in hidden.json()["candidates"][0]["content"]["parts"])
+    assert not any(
+        part.get("thought") for part in hidden.json()["candidates"][0]["content"]["parts"]
+    )
     assert hidden.json()["usageMetadata"]["thoughtsTokenCount"] > 0
 
 
@@ -196,7 +198,9 @@ def test_errors_come_in_googles_envelope(live_server, funded_key, make_funded_ke
     message = envelope(post(live_server, "sk-wrong", {"contents": HELLO}), 401, "UNAUTHENTICATED")
     assert "x-goog-api-key" in message
     message = envelope(
-        post(live_server, funded_key.key, {"contents": HELLO}, "/v1beta/models/nope:generateContent"),
+        post(
+            live_server, funded_key.key, {"contents": HELLO}, "/v1beta/models/nope:generateContent"
+        ),
         404,
         "NOT_FOUND",
     )
@@ -221,9 +225,7 @@ def test_errors_come_in_googles_envelope(live_server, funded_key, make_funded_ke
         "INVALID_ARGUMENT",
     )
     assert message.startswith("contents[0].parts[0].inlineData.mimeType")
-    envelope(
-        requests.get(f"{live_server.url}/v1beta/nowhere", timeout=10), 404, "NOT_FOUND"
-    )
+    envelope(requests.get(f"{live_server.url}/v1beta/nowhere", timeout=10), 404, "NOT_FOUND")
 
 
 def test_no_credit_is_402_resource_exhausted_and_nothing_is_charged(
@@ -242,7 +244,12 @@ def test_count_tokens_is_free_and_counts_what_a_hold_would(app, live_server, fun
     longer = post(
         live_server,
         funded_key.key,
-        {"generateContentRequest": {"contents": HELLO, "tools": [{"functionDeclarations": [WEATHER]}]}},
+        {
+            "generateContentRequest": {
+                "contents": HELLO,
+                "tools": [{"functionDeclarations": [WEATHER]}],
+            }
+        },
         path,
     )
 
@@ -259,9 +266,7 @@ def test_models_are_listed_and_named_as_google_names_them(live_server, funded_ke
     prefixed = requests.get(
         f"{live_server.url}/v1beta/models/models/dev-chat", headers=headers, timeout=10
     )
-    paged = requests.get(
-        f"{live_server.url}/v1beta/models?pageSize=1", headers=headers, timeout=10
-    )
+    paged = requests.get(f"{live_server.url}/v1beta/models?pageSize=1", headers=headers, timeout=10)
     missing = requests.get(f"{live_server.url}/v1beta/models/nope", headers=headers, timeout=10)
 
     assert listed.status_code == 200, listed.text
