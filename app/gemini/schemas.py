@@ -193,7 +193,8 @@ class GenerationConfig(ObjectSchema):
     candidateCount = IntegerField(validate=Range(1, MAX_CANDIDATES, error=BETWEEN))
     temperature = NumberField(validate=Range(0, 2, error=BETWEEN))
     topP = NumberField(validate=Range(0, 1, error=BETWEEN))
-    topK = IntegerField(validate=Range(1, None, error="must be at least {min}."))
+    # A number in Google's API (the SDKs send 20.0): read as the whole number of tokens.
+    topK = NumberField(validate=Range(1, 10**9, error=BETWEEN))
     seed = IntegerField()
     presencePenalty = NumberField(validate=Range(-2, 2, error=BETWEEN))
     frequencyPenalty = NumberField(validate=Range(-2, 2, error=BETWEEN))

@@ -70,7 +70,7 @@ def chat_request(request: GeminiRequest, model: Model) -> ChatRequest:
     if "reasoning" in model.capabilities and (effort := reasoning_effort(config)) is not None:
         params["reasoning_effort"] = effort
     params.update(tool_params(request))
-    extra = {"top_k": config["topK"]} if "topK" in config else {}
+    extra = {"top_k": int(config["topK"])} if "topK" in config else {}
     messages = chat_messages(request)
     if all(message["role"] == "system" for message in messages):
         raise InvalidRequest(
