@@ -7,11 +7,14 @@ they rely on, on the wire, including what no SDK would send.
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import running_server
 from tests.contract.conftest import billing_records
 
 HELLO = [{"role": "user", "parts": [{"text": "Hello there"}]}]
@@ -277,3 +280,82 @@ def test_models_are_listed_and_named_as_google_names_them(live_server, funded_ke
     assert "generateContent" in one.json()["supportedGenerationMethods"]
     assert len(paged.json()["models"]) == 1 and paged.json()["nextPageToken"] == "1"
     envelope(missing, 404, "NOT_FOUND")
+
+
+def test_an_idempotency_key_replays_the_answer_and_charges_once(app, live_server, funded_key):
+    headers = {"Idempotency-Key": "gemini-retry-1"}
+    first = post(live_server, funded_key.key, {"contents": HELLO}, headers=headers)
+    again = post(live_server, funded_key.key, {"contents": HELLO}, headers=headers)
+
+    assert first.status_code == again.status_code == 200, first.text
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    spent, (generation,) = charged(app, funded_key)
+    assert generation.id == first.json()["responseId"]
+    assert Decimal(str(first.json()["usageMetadata"]["cost"]["totalCost"])) == spent
+
+
+def test_a_stream_broken_by_its_upstream_ends_with_googles_error_and_pays_what_came(
+    app, live_server, funded_key
+):
+    ask = [{"role": "user", "parts": [{"text": "one two three four five six seven"}]}]
+    response = post(
+        live_server, funded_key.key, {"contents": ask},
+        "/v1beta/models/dev-dying:streamGenerateContent?alt=sse",
+    )  # fmt: skip
+
+    assert response.status_code == 200
+    *delivered, last = events_of(response)
+    texts = [
+        part["text"] for event in delivered for part in event["candidates"][0]["content"]["parts"]
+    ]
+    assert len(texts) == 5
+    assert set(last) == {"error"} and last["error"]["code"] == 502
+    assert last["error"]["status"] == "UNAVAILABLE"
+    spent, (generation,) = charged(app, funded_key)
+    assert generation.status == "failed" and generation.estimated
+    assert generation.completion_tokens == 5 and spent == generation.cost > 0
+
+
+def test_the_v1_model_list_answers_googles_clients_in_googles_shape(live_server, funded_key):
+    google = {"x-goog-api-key": funded_key.key}
+    openai = {"Authorization": f"Bearer {funded_key.key}"}
+    listed = requests.get(f"{live_server.url}/v1/models", headers=google, timeout=10)
+    one = requests.get(f"{live_server.url}/v1/models/models/dev-chat", headers=google, timeout=10)
+    theirs = requests.get(f"{live_server.url}/v1/models", headers=openai, timeout=10)
+    missing = requests.get(f"{live_server.url}/v1/models/nope", headers=google, timeout=10)
+    not_google = requests.get(f"{live_server.url}/v1/models/nope", headers=openai, timeout=10)
+
+    assert "models/dev-chat" in [model["name"] for model in listed.json()["models"]]
+    assert one.json()["name"] == "models/dev-chat"
+    assert theirs.json()["object"] == "list"
+    envelope(missing, 404, "NOT_FOUND")
+    assert set(not_google.json()["error"]) == {"message", "type", "code", "param"}
+
+
+def test_metrics_and_the_access_line_name_the_gemini_api(app, database_url, tmp_path, funded_key):
+    token = "metrics-token-of-the-gemini-test"
+    path = "/v1beta/models/dev-chat-mini:generateContent"
+    with running_server(
+        database_url, tmp_path, METRICS_TOKEN=token, RATE_LIMIT="2 per 5 second"
+    ) as server:
+        answered = [post(server, funded_key.key, {"contents": HELLO}, path) for _ in range(3)]
+        time.sleep(0.3)  # the access line and metrics are written as the response closes
+        scraped = requests.get(
+            f"{server.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ).text
+
+    assert [response.status_code for response in answered[:2]] == [200, 200]
+    envelope(answered[2], 429, "RESOURCE_EXHAUSTED")
+    assert int(answered[2].headers["Retry-After"]) >= 1
+    generations = billing_records(app, funded_key.account_id)[1]
+    costs = {
+        sample.labels["api"]: sample.value
+        for family in text_string_to_metric_families(scraped)
+        for sample in family.samples
+        if sample.name == "gateway_cost_usd_total" and sample.labels["model"] == "dev-chat-mini"
+    }
+    assert costs == {"gemini": pytest.approx(float(sum(g.cost for g in generations)))}
+    log = next(tmp_path.glob("gunicorn-*.log")).read_text()
+    assert f"api=gemini upstream=builtin generation_id={generations[0].id}" in log
+    assert funded_key.key not in log
