@@ -26,7 +26,7 @@ from app.catalog.registry import Model
 from app.encoding import dumps, loads
 from app.errors import InvalidRequest
 from app.gemini.bodies import candidate, response_body, usage_metadata
-from app.gemini.schemas import GeminiRequest
+from app.gemini.schemas import GeminiRequest, camel
 from app.generations.lifecycle import Answer, Generation, StreamEnd, StreamItem
 from app.providers.base import ChatRequest, Chunk
 
@@ -50,7 +50,7 @@ SAMPLING = {
 }
 JSON_MIME = "application/json"
 # Google Schema's keys that JSON Schema has not (property order is a hint to Gemini).
-SCHEMA_HINTS = frozenset({"propertyOrdering", "property_ordering", "nullable"})
+SCHEMA_HINTS = frozenset({"propertyOrdering", "nullable"})
 
 
 def chat_request(request: GeminiRequest, model: Model) -> ChatRequest:
@@ -112,14 +112,17 @@ def json_schema(schema: Any) -> Any:
     if type(schema) is not dict:
         return schema
     converted: dict[str, Any] = {}
-    for key, value in schema.items():
+    for name, value in schema.items():
+        # A schema's keys are keywords (its properties' names are a level down): Google
+        # takes them in snake_case too.
+        key = camel(name)
         if key in SCHEMA_HINTS:
             continue
         if key == "type" and type(value) is str:
             converted[key] = value.lower()
         elif key == "properties" and type(value) is dict:
             converted[key] = {name: json_schema(item) for name, item in value.items()}
-        elif key in ("items", "anyOf", "any_of") and type(value) in (dict, list):
+        elif key in ("items", "anyOf") and type(value) in (dict, list):
             converted["items" if key == "items" else "anyOf"] = (
                 [json_schema(item) for item in value] if type(value) is list
                 else json_schema(value)
