@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 export FLASK_APP := wsgi
 # Debian packages the test suite needs beyond Python; each is installed only if missing.
 DEBIAN_PACKAGES ?= chromium curl nodejs nginx pgbouncer postgresql redis-server valgrind
-NODE_CLIENTS := tests/clients/node tests/clients/responses_node tests/clients/messages_node
+NODE_CLIENTS := tests/clients/node tests/clients/responses_node tests/clients/messages_node \
+	tests/clients/gemini_node
 
 .PHONY: run test lint system node-clients docs
 

@@ -15,7 +15,7 @@ from app.dashboard.session import init_sessions
 from app.database import init_database
 from app.encoding import OrjsonProvider
 from app.errors import register_envelope, register_errorhandlers
-from app.extensions import API_PREFIX, csrf, db, migrate
+from app.extensions import API_PREFIX, GEMINI_PREFIX, csrf, db, migrate
 from app.observability import init_observability
 from app.providers.cooldown import upstream_cooldowns
 from app.ratelimits import init_rate_limits, limiter
@@ -72,6 +72,8 @@ def register_blueprints(app: Flask) -> None:
         organisations,  # noqa: F401  (adds its pages to the blueprint)
     )
     from app.dashboard import views as dashboard_views
+    from app.gemini import errors as gemini_errors
+    from app.gemini import views as gemini_views
     from app.generations import views as generation_views
     from app.messages import errors as message_errors
     from app.messages import views as message_views
@@ -90,9 +92,15 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(credit_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(response_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(message_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(gemini_views.bp, url_prefix=GEMINI_PREFIX)
+    app.register_blueprint(gemini_views.bp_v1, url_prefix=API_PREFIX)
+    catalog_views.register_model_shape(app, gemini_views.MODEL_SHAPE)
     # Anthropic's clients read errors in Anthropic's envelope: on the Messages door's
-    # paths, and on the model list when they say their API version.
+    # paths, and on the model list when they say their API version. Google's read
+    # Google's: under /v1beta, and under /v1/models on its calls or with its key.
     register_envelope(app, f"{API_PREFIX}/messages", message_errors.render)
+    register_envelope(app, GEMINI_PREFIX + "/", gemini_errors.render)
+    register_envelope(app, f"{API_PREFIX}/models", gemini_errors.render_for_google_callers)
     register_envelope(app, f"{API_PREFIX}/models", message_errors.render_for_anthropic_callers)
     app.register_blueprint(generation_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(dashboard_views.bp)

@@ -57,8 +57,9 @@ def envelope(message: str, type_: str, code: str | None, param: str | None) -> d
     return {"error": {"message": message, "type": type_, "code": code, "param": param}}
 
 
-# A door's rendering of an error: the status and the body it answers with.
-Envelope = Callable[[APIError], tuple[int, dict[str, Any]]]
+# A door's rendering of an error: the status and the body it answers with; None leaves
+# the error to the next door registered for the path (paths two doors share: /v1/models).
+Envelope = Callable[[APIError], tuple[int, dict[str, Any]] | None]
 ENVELOPES = "gateway.error_envelopes"
 
 
@@ -71,8 +72,8 @@ def rendered(error: APIError) -> tuple[int, dict[str, Any]]:
     """Return the status and body of ``error`` in the envelope of the request's door."""
     if has_request_context():
         for path_prefix, render in current_app.extensions.get(ENVELOPES, ()):
-            if request.path.startswith(path_prefix):
-                return render(error)
+            if request.path.startswith(path_prefix) and (answer := render(error)) is not None:
+                return answer
     return error.status, error.to_envelope()
 
 

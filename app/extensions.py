@@ -34,8 +34,10 @@ class DashboardLoginManager(LoginManager):
         return super()._update_remember_cookie(response)
 
 
-# Where the public API is mounted.
+# Where the public API is mounted; Google's Gemini API also under its own version's path.
 API_PREFIX = "/v1"
+GEMINI_PREFIX = "/v1beta"
+API_PATH_PREFIXES = (API_PREFIX + "/", GEMINI_PREFIX + "/")
 
 
 class DashboardSessionInterface(SecureCookieSessionInterface):
@@ -46,7 +48,7 @@ class DashboardSessionInterface(SecureCookieSessionInterface):
         # Reading the cookie builds a signing serializer on every request: work the API
         # would do for nothing on each call. The session opens before the URL is
         # matched, so the path tells, not the blueprint.
-        if request.path.startswith(API_PREFIX + "/"):
+        if request.path.startswith(API_PATH_PREFIXES):
             return self.make_null_session(app)
         return super().open_session(app, request)
 

@@ -15,7 +15,7 @@ bench/run.py's ratios of the same interleaved run remain the throughput targets.
 
     .venv/bin/python bench/instructions.py [--stream] [--database-url URL | --postgresql]
         [--key KEY] [--requests 200]
-        [--api responses|responses-native|messages|messages-native]
+        [--api responses|responses-native|messages|messages-native|gemini]
 
 ``--postgresql`` serves the gateway on a private PostgreSQL server started for the run
 under callgrind too (bench/counted_postgres.py), and adds, per gateway target, the
@@ -31,7 +31,9 @@ that serves the Responses API itself (the fake upstream's ``bench-native``);
 Anthropic's Messages door (the same prompt, max_tokens and answer from the fake
 upstream, translated both ways), ``--api messages-native`` the same passed through to an
 upstream that serves the Messages API itself (the fake upstream's ``bench-claude``),
-each beside its chat completion, with their ratio.
+``--api gemini`` through Google's Gemini door (POST
+/v1beta/models/bench-fast:generateContent, or :streamGenerateContent?alt=sse), each
+beside its chat completion, with their ratio.
 ``--key`` calls with a key of the database's own (bench/history.py prints its long
 account's, on tables it filled) instead of a new account's.
 
@@ -76,6 +78,7 @@ DOORS = {
     "responses-native": "/v1/responses",
     "messages": "/v1/messages",
     "messages-native": "/v1/messages",
+    "gemini": "/v1beta/models/bench-fast:generateContent",
 }
 PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **DOORS}
 
@@ -178,9 +181,9 @@ def serve(args: argparse.Namespace) -> None:
         key = configure_gateway(scratch, args.upstream_port, args.database_url, args.key)
         from wsgi import app
     body = request_body(args.serve, args.stream)
-    path = PATHS[args.serve]
+    path, query = path_of(args.serve, args.stream)
     for _ in range(WARM_UP):
-        status = call(app, body, key, path)
+        status = call(app, body, key, path, query)
         if not status.startswith("200"):
             raise RuntimeError(f"{args.serve} answered {status}")
 
@@ -188,7 +191,7 @@ def serve(args: argparse.Namespace) -> None:
         # The log and the metrics files stay open: counting starts and stops from outside.
         subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True)
         for _ in range(args.requests):
-            call(app, body, key, path)
+            call(app, body, key, path, query)
         subprocess.run(["callgrind_control", "--instr=off", str(os.getpid())], capture_output=True)
 
     if not args.counts:
@@ -196,6 +199,13 @@ def serve(args: argparse.Namespace) -> None:
         return
     work = Marks(args.database_url, Path(args.counts)).counted(counted)
     (Path(args.counts) / f"work.{args.serve}.json").write_text(json.dumps(asdict(work)))
+
+
+def path_of(target: str, stream: bool) -> tuple[str, str]:
+    """Return the path and query string ``target`` is sent to (Gemini's stream has its own)."""
+    if target == "gemini" and stream:
+        return "/v1beta/models/bench-fast:streamGenerateContent", "alt=sse"
+    return PATHS[target], ""
 
 
 def request_body(target: str, stream: bool) -> bytes:
@@ -214,6 +224,13 @@ def request_body(target: str, stream: bool) -> bytes:
         body = {"model": model, "max_tokens": fields["max_tokens"], "messages": PROMPT}
         if stream:
             body["stream"] = True
+        return json.dumps(body, separators=(",", ":")).encode()
+    if target == "gemini":
+        fields = json.loads(chat)
+        body = {
+            "contents": [{"role": "user", "parts": [{"text": PROMPT[0]["content"]}]}],
+            "generationConfig": {"maxOutputTokens": fields["max_tokens"]},
+        }
         return json.dumps(body, separators=(",", ":")).encode()
     return chat
 
@@ -235,10 +252,12 @@ def configure_gateway(
     return key
 
 
-def call(app: object, body: bytes, key: str | None, path: str = PATHS["gateway"]) -> str:
+def call(
+    app: object, body: bytes, key: str | None, path: str = PATHS["gateway"], query: str = ""
+) -> str:
     """Serve one request as gunicorn would hand it over; read the whole body; return the status."""
     environ = {
-        "REQUEST_METHOD": "POST", "PATH_INFO": path, "QUERY_STRING": "",
+        "REQUEST_METHOD": "POST", "PATH_INFO": path, "QUERY_STRING": query,
         "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
         "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1:8000",
         "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),

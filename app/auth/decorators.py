@@ -23,21 +23,38 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip() or None
 
 
-def presented_key(headers: Mapping[str, str]) -> str | None:
-    """Return the API key a request presents: ``Authorization: Bearer`` or ``x-api-key``.
+# Where a key may come besides a bearer, in order: Anthropic's SDKs send ``x-api-key``,
+# Google's ``x-goog-api-key`` (or the ``key`` query parameter, which the gateway never logs:
+# its access lines name the path alone).
+KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+KEY_PARAMETER = "key"
 
-    Anthropic's SDKs send their key as ``x-api-key`` (an auth token as a bearer); the
-    OpenAI SDKs as a bearer. A bearer wins when both come.
+
+def presented_key(
+    headers: Mapping[str, str], args: Mapping[str, str] | None = None
+) -> str | None:
+    """Return the API key a request presents: a bearer, a key header, or ``?key=``.
+
+    The OpenAI SDKs send a bearer; Anthropic's ``x-api-key`` (an auth token as a bearer);
+    Google's ``x-goog-api-key`` or ``?key=``. A bearer wins when several come.
     """
-    return bearer_token(headers.get("Authorization")) or headers.get("x-api-key") or None
+    if token := bearer_token(headers.get("Authorization")):
+        return token
+    for name in KEY_HEADERS:
+        if value := headers.get(name):
+            return value
+    return (args or {}).get(KEY_PARAMETER) or None
 
 
-def key_sent_as(headers: Mapping[str, str]) -> str | None:
-    """Return the header the request's key came in (as presented_key reads it), or None."""
+def key_sent_as(headers: Mapping[str, str], args: Mapping[str, str] | None = None) -> str | None:
+    """Return where the request's key came (as presented_key reads it), or None."""
     if bearer_token(headers.get("Authorization")):
         return "Authorization: Bearer"
-    if headers.get("x-api-key"):
-        return "x-api-key"
+    for name in KEY_HEADERS:
+        if headers.get(name):
+            return name
+    if (args or {}).get(KEY_PARAMETER):
+        return "?key="
     return NOT_BEARER if headers.get("Authorization") else NO_KEY
 
 
@@ -48,7 +65,7 @@ def request_caller() -> Caller | None:
     require_api_key then reuses the same lookup.
     """
     if "caller_lookup" not in g:
-        g.caller_lookup = find_caller(presented_key(request.headers))
+        g.caller_lookup = find_caller(presented_key(request.headers, request.args))
     return g.caller_lookup
 
 
@@ -63,7 +80,7 @@ def require_api_key(view: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         caller = request_caller()
         if caller is None:
-            raise InvalidKey(key_sent_as(request.headers))
+            raise InvalidKey(key_sent_as(request.headers, request.args))
         if caller.state != ACTIVE:
             raise KeyRevoked()
         g.caller = caller

@@ -1,16 +1,19 @@
-"""GET /v1/models and GET /v1/models/{id}, in OpenAI's shape or, for Anthropic's clients, theirs.
+"""GET /v1/models and GET /v1/models/{id}, in OpenAI's shape or, for other doors' clients, theirs.
 
 A request that carries ``anthropic-version`` (the Anthropic SDKs and Claude Code send it
 on every call) is answered with Anthropic's model objects and list page, so that their
-model pickers work; every other with OpenAI's.
+model pickers work; a request another door claims (``register_model_shape``: Google's
+clients, by their key's header) in that door's shape; every other with OpenAI's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Request, Response, g, request
+from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.errors import ModelNotFound
@@ -22,6 +25,29 @@ bp = Blueprint("catalog", __name__)
 
 ANTHROPIC_VERSION = "anthropic-version"
 DEFAULT_PAGE, MAX_PAGE = 20, 1000
+MODEL_SHAPES = "gateway.model_shapes"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A door's rendering of the model list and of one model, for the requests it claims."""
+
+    claims: Callable[[], bool]
+    page: Callable[[list[Model]], dict[str, Any]]
+    one: Callable[[Model], dict[str, Any]]
+
+
+def register_model_shape(app: Flask, shape: ModelShape) -> None:
+    """Answer the model list and its models in ``shape`` for the requests it claims."""
+    app.extensions.setdefault(MODEL_SHAPES, []).append(shape)
+
+
+def claiming_shape() -> ModelShape | None:
+    """Return the shape registered by a door that claims the request, if one does."""
+    for shape in current_app.extensions.get(MODEL_SHAPES, ()):
+        if shape.claims():
+            return shape
+    return None
 
 
 @bp.get("/models")
@@ -29,7 +55,9 @@ DEFAULT_PAGE, MAX_PAGE = 20, 1000
 def list_models() -> Response:
     """List the models the caller's key may use, with prices (USD per million) and capabilities."""
     models = current_catalog().list(may_use=g.caller.may_use)
-    if ANTHROPIC_VERSION in request.headers:
+    if (shape := claiming_shape()) is not None:
+        body = shape.page(models)
+    elif ANTHROPIC_VERSION in request.headers:
         body = anthropic_page(models, request)
     else:
         body = {"object": "list", "data": [model.to_dict() for model in models]}
@@ -40,9 +68,15 @@ def list_models() -> Response:
 @require_api_key
 def retrieve_model(model_id: str) -> Response:
     """Return one model's entry of the list; 404 if it is not served to the caller's key."""
+    shape = claiming_shape()
+    if shape is not None:
+        # Google's clients name a model ``models/ID``.
+        model_id = model_id.removeprefix("models/")
     model = current_catalog().models.get(model_id)
     if model is None or not g.caller.may_use(model.id):
         raise ModelNotFound(model_id)
+    if shape is not None:
+        return Response(dumps(shape.one(model)), mimetype="application/json")
     if ANTHROPIC_VERSION in request.headers:
         return Response(dumps(anthropic_model(model)), mimetype="application/json")
     return Response(dumps(model.to_dict()), mimetype="application/json")

@@ -64,7 +64,7 @@ from app.dashboard.security import ATTEMPT_LIMITS, admin_required, current_actor
 from app.dashboard.session import start_session
 from app.database import utcnow
 from app.errors import handle_http_exception
-from app.extensions import API_PREFIX, csrf, db
+from app.extensions import API_PATH_PREFIXES, API_PREFIX, csrf, db
 from app.ratelimits import RateLimitExceeded, limiter
 
 bp = Blueprint(
@@ -152,7 +152,7 @@ def too_many_requests(error: RateLimitExceeded) -> tuple[str, int]:
 
 # Paths the API's clients call: their errors stay JSON, in their door's envelope, whatever
 # their Accept header says (a client may well accept text/html).
-API_PATHS = (f"{API_PREFIX}/", "/healthz", "/readyz", "/metrics")
+API_PATHS = (*API_PATH_PREFIXES, "/healthz", "/readyz", "/metrics")
 
 
 def wants_a_page() -> bool:

@@ -94,7 +94,7 @@ class Generation:
     trace: RequestTrace = field(default_factory=current_trace)
     # While it streams: what it delivered, which the worker records as its progress.
     meter: Meter | None = None
-    # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES).
+    # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES, GEMINI).
     api: str = CHAT
     # What it asked for that is billed beyond tokens: a service tier, hosted tools.
     surcharges: Surcharges = NO_SURCHARGES

@@ -27,6 +27,7 @@ import requests
 from app.accounts import keys
 from tests.clients.test_claude_code import claude_command
 from tests.clients.test_codex_cli import CODEX
+from tests.clients.test_gemini_cli import gemini_command
 from tests.contract.conftest import billing_records
 from tests.dashboard.conftest import PASSWORD, csrf_token, make_holder
 
@@ -132,12 +133,13 @@ def run_node(example: Example, code: str, home: Path, key: str) -> str:
 
 
 def run_shell(example: Example, code: str, home: Path, key: str) -> str:
-    """Run with bash; ``claude`` on the PATH is the Claude Code npm ci installed."""
+    """Run with bash; ``claude`` and ``gemini`` on the PATH are the CLIs npm ci installed."""
     tools = home / "bin"
     tools.mkdir()
-    claude = tools / "claude"
-    claude.write_text(f'#!/bin/sh\nexec {" ".join(claude_command())} "$@"\n')
-    claude.chmod(0o755)
+    for name, command in (("claude", claude_command), ("gemini", gemini_command)):
+        tool = tools / name
+        tool.write_text(f'#!/bin/sh\nexec {" ".join(command())} "$@"\n')
+        tool.chmod(0o755)
     env = environment(home, key, PATH=f"{tools}:{os.environ['PATH']}")
     return run(["bash", "-euo", "pipefail", "-c", code], env, home)
 
@@ -234,6 +236,17 @@ def claude_code_shows(output: str) -> None:
     assert "Greet the gateway" in output
 
 
+def google_genai_shows(output: str) -> None:
+    reply, streamed, counted, cost = output.splitlines()
+    assert reply.startswith("Hello") and int(reply.rsplit(" ", 1)[1]) > 0
+    assert streamed.startswith("Hello")
+    assert int(counted) > 0 and Decimal(cost) > 0
+
+
+def gemini_cli_shows(output: str) -> None:
+    assert "Greet the gateway" in output
+
+
 def curl_shows(output: str) -> None:
     completion, response, message, model, credits = json_documents(output)
     assert completion["object"] == "chat.completion"
@@ -260,6 +273,8 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "anthropic-typescript": anthropic_typescript_shows,
     "codex-cli": codex_shows,
     "claude-code": claude_code_shows,
+    "google-genai": google_genai_shows,
+    "gemini-cli": gemini_cli_shows,
     "curl": curl_shows,
 }
 EXAMPLES = marked_examples()

@@ -57,12 +57,20 @@ def test_every_operation_answers_as_documented(case, openapi_server, funded_key)
     assert response.status_code < 500 or response.status_code == 529, response.text
     if response.status_code >= 400:
         body = response.json()
-        if speaks_anthropic(case):
+        if speaks_gemini(case):
+            assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "status"}
+            assert body["error"]["code"] == response.status_code
+        elif speaks_anthropic(case):
             assert set(body) == {"type", "error"} and body["type"] == "error"
             assert set(body["error"]) == {"type", "message"}
         else:
             assert set(body) == {"error"}
             assert set(body["error"]) == {"message", "type", "code", "param"}
+
+
+def speaks_gemini(case) -> bool:
+    """Tell whether errors of ``case`` come in Google's envelope: the Gemini door's own."""
+    return case.path.startswith("/v1beta/")
 
 
 def speaks_anthropic(case) -> bool:
@@ -100,6 +108,15 @@ def test_the_document_covers_the_public_api():
     assert {"application/json", "text/event-stream"} == set(messages["responses"]["200"]["content"])
     assert (ERROR_STATUSES | {"529"}) - {"409"} <= set(messages["responses"])
     assert "/v1/messages/count_tokens" in document["paths"]
+    gemini = document["paths"]["/v1beta/models/{model}:generateContent"]["post"]
+    assert gemini["operationId"] == "generateContent"
+    assert ERROR_STATUSES <= set(gemini["responses"])
+    assert {
+        "/v1beta/models/{model}:streamGenerateContent",
+        "/v1beta/models/{model}:countTokens",
+        "/v1beta/models",
+        "/v1beta/models/{model}",
+    } <= set(document["paths"])
     chat = document["paths"]["/v1/chat/completions"]["post"]
     assert chat["operationId"] == "createChatCompletion"
     assert {"application/json", "text/event-stream"} == set(chat["responses"]["200"]["content"])
@@ -113,10 +130,12 @@ def test_the_document_covers_the_public_api():
     assert ERROR_STATUSES <= documented
     envelopes = {
         "Anthropic": {"$ref": "#/components/schemas/AnthropicError"},
+        "Gemini": {"$ref": "#/components/schemas/GeminiError"},
         "": {"$ref": "#/components/schemas/Error"},
     }
     for name, response in document["components"]["responses"].items():
-        envelope = envelopes["Anthropic" if name.startswith("Anthropic") else ""]
+        door = next((door for door in ("Anthropic", "Gemini") if name.startswith(door)), "")
+        envelope = envelopes[door]
         assert response["content"]["application/json"]["schema"] == envelope, name
     schemas = document["components"]["schemas"]
     for usage in ("Usage", "MessageUsage"):
