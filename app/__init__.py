@@ -70,6 +70,7 @@ def register_blueprints(app: Flask) -> None:
         organisations,  # noqa: F401  (adds its pages to the blueprint)
     )
     from app.dashboard import views as dashboard_views
+    from app.embeddings import views as embedding_views
     from app.generations import views as generation_views
     from app.messages import errors as message_errors
     from app.messages import views as message_views
@@ -88,6 +89,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(credit_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(response_views.bp, url_prefix=API_PREFIX)
     app.register_blueprint(message_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(embedding_views.bp, url_prefix=API_PREFIX)
     # Anthropic's clients read errors in Anthropic's envelope: on the Messages door's
     # paths, and on the model list when they say their API version.
     register_envelope(app, f"{API_PREFIX}/messages", message_errors.render)

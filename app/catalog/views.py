@@ -14,7 +14,7 @@ from flask import Blueprint, Request, Response, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.errors import ModelNotFound
-from app.catalog.registry import Model, current_catalog
+from app.catalog.registry import CHAT_MODEL, Model, current_catalog
 from app.encoding import dumps
 from app.errors import InvalidRequest
 
@@ -30,7 +30,8 @@ def list_models() -> Response:
     """List the models the caller's key may use, with prices (USD per million) and capabilities."""
     models = current_catalog().list(may_use=g.caller.may_use)
     if ANTHROPIC_VERSION in request.headers:
-        body = anthropic_page(models, request)
+        # Anthropic's clients pick chat models from it: embedding models are not theirs.
+        body = anthropic_page([model for model in models if model.type == CHAT_MODEL], request)
     else:
         body = {"object": "list", "data": [model.to_dict() for model in models]}
     return Response(dumps(body), mimetype="application/json")
@@ -40,7 +41,7 @@ def list_models() -> Response:
 @require_api_key
 def retrieve_model(model_id: str) -> Response:
     """Return one model's entry of the list; 404 if it is not served to the caller's key."""
-    model = current_catalog().models.get(model_id)
+    model = current_catalog().named(model_id)
     if model is None or not g.caller.may_use(model.id):
         raise ModelNotFound(model_id)
     if ANTHROPIC_VERSION in request.headers:

@@ -11,8 +11,9 @@ from app.extensions import db
 # How a generation ended: answered; failed before producing anything; its caller went
 # away; its worker stopped while it streamed, billed from its last recorded progress.
 COMPLETED, FAILED, CANCELLED, INTERRUPTED = "completed", "failed", "cancelled", "interrupted"
-# The front doors a generation can come in by: Chat Completions, Responses, Messages.
-CHAT, RESPONSES, MESSAGES = "chat", "responses", "messages"
+# The front doors a generation can come in by: Chat Completions, Responses, Messages,
+# Embeddings.
+CHAT, RESPONSES, MESSAGES, EMBEDDINGS = "chat", "responses", "messages", "embeddings"
 
 
 class Generation(db.Model):
@@ -33,7 +34,7 @@ class Generation(db.Model):
         ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
     )
     model: Mapped[str] = mapped_column(String(200))
-    # The wire protocol the request came in by: chat, responses or messages.
+    # The wire protocol the request came in by: chat, responses, messages or embeddings.
     api: Mapped[str] = mapped_column(String(16), default=CHAT, server_default=CHAT)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -9,12 +9,17 @@ what was held. The answer comes back cut to
 the contract's fields, so that nothing of the upstream (its name for the model, its own
 extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
 ``reasoning``. Streams always ask for usage, so billing uses the upstream's counts.
+Embedding models are called at ``{base_url}/embeddings`` (OpenAI, vLLM, Text Embeddings
+Inference, Ollama), asking for floats; the vectors come back in the inputs' order.
 Which stop sequence ended an answer is known only from an upstream that says so
 (vLLM's ``stop_reason``); OpenAI says only ``finish_reason: stop``.
 """
 
 from __future__ import annotations
 
+import base64
+import sys
+from array import array
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
@@ -23,6 +28,9 @@ from app.providers.base import (
     ChatRequest,
     Chunk,
     Completion,
+    EmbeddingRequest,
+    Embeddings,
+    PromptContent,
     RouteTarget,
     UpstreamConfig,
     Usage,
@@ -156,10 +164,13 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
 
     kind = "openai"
     native_paths = {"responses": "/responses"}
+    embeds = True
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
-        self.url = prepared_url(f"{(upstream.base_url or '').rstrip('/')}/chat/completions")
+        base = (upstream.base_url or "").rstrip("/")
+        self.url = prepared_url(f"{base}/chat/completions")
+        self.embeddings_url = prepared_url(f"{base}/embeddings")
         self.output_limit_field = upstream.options.get(
             "max_tokens_field", DEFAULT_OUTPUT_LIMIT_FIELD
         )
@@ -227,6 +238,35 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
             # the upstream generating (and charging for) tokens nobody will read.
             release_response(response, complete=complete)
 
+    def embed(self, request: EmbeddingRequest, target: RouteTarget) -> Embeddings:
+        """Ask for the inputs' vectors; count the inputs if the upstream reports no usage."""
+        body: dict[str, Any] = {
+            "model": target.upstream_model,
+            "input": request.inputs,
+            "encoding_format": "float",
+        }
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        if request.user is not None:
+            body["user"] = request.user
+        response = self.post(
+            self.embeddings_url, body, self.headers(), stream=False, public_model=request.model
+        )
+        answer = self.read_json(response)
+        vectors = vectors_from(answer.get("data"), len(request.inputs))
+        raw_usage = answer.get("usage")
+        if isinstance(raw_usage, dict) and as_count(raw_usage.get("prompt_tokens")):
+            usage = Usage(prompt_tokens=as_count(raw_usage.get("prompt_tokens")))
+        else:
+            usage = self.estimate_embedding_usage(request, target)
+        return Embeddings(vectors=vectors, usage=usage)
+
+    def estimate_embedding_usage(self, request: EmbeddingRequest, target: RouteTarget) -> Usage:
+        """Count the inputs' tokens of an embeddings answer whose upstream reported none."""
+        texts = self.count_content_tokens(PromptContent(texts=request.texts), target)
+        token_ids = sum(map(len, request.token_arrays))
+        return Usage(prompt_tokens=texts + token_ids, estimated=True)
+
     def fingerprint(self, target: RouteTarget) -> str:
         """Return the system_fingerprint for answers whose upstream sent none (vLLM, llama.cpp)."""
         return fingerprint_of(self.kind, self.upstream.name, target.upstream_model)
@@ -256,6 +296,43 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
             reasoning_tokens=reasoning,
             estimated=True,
         )
+
+
+def vectors_from(data: Any, count: int) -> list[list[float]]:
+    """Return the vectors of an embeddings answer's ``data``, ordered by their ``index``.
+
+    A vector comes as numbers, or as base64 of little-endian float32 (a server that
+    answers so whatever was asked). Anything else, or not one vector per input, is the
+    upstream failing.
+    """
+    if not isinstance(data, list) or len(data) != count:
+        raise UpstreamError("The model's upstream answered without one vector per input.")
+    vectors: list[list[float] | None] = [None] * count
+    for position, item in enumerate(data):
+        item = item if isinstance(item, dict) else {}
+        index = item.get("index", position)
+        vector = vector_from(item.get("embedding"))
+        if type(index) is not int or not 0 <= index < count or vector is None:
+            raise UpstreamError("The model's upstream answered a vector the gateway cannot read.")
+        vectors[index] = vector
+    if any(vector is None for vector in vectors):
+        raise UpstreamError("The model's upstream answered without one vector per input.")
+    return vectors  # type: ignore[return-value]
+
+
+def vector_from(raw: Any) -> list[float] | None:
+    """Read one vector: a list of numbers, or base64 of little-endian float32; else None."""
+    if isinstance(raw, str):
+        try:
+            packed = array("f", base64.b64decode(raw, validate=True))
+        except ValueError:
+            return None
+        if sys.byteorder == "big":
+            packed.byteswap()
+        return packed.tolist()
+    if isinstance(raw, list) and raw and all(type(x) in (int, float) for x in raw):
+        return [float(x) for x in raw]
+    return None
 
 
 class StreamRelay:
