@@ -31,7 +31,9 @@ that serves the Responses API itself (the fake upstream's ``bench-native``);
 Anthropic's Messages door (the same prompt, max_tokens and answer from the fake
 upstream, translated both ways), ``--api messages-native`` the same passed through to an
 upstream that serves the Messages API itself (the fake upstream's ``bench-claude``),
-each beside its chat completion, with their ratio.
+each beside its chat completion, with their ratio. ``--api embeddings`` counts an
+embeddings request of 16 inputs (asking for base64, as the openai SDK does) to the fake
+upstream's ``bench-embed`` (16 vectors of 1536 numbers), beside the chat completion.
 ``--key`` calls with a key of the database's own (bench/history.py prints its long
 account's, on tables it filled) instead of a new account's.
 
@@ -76,6 +78,7 @@ DOORS = {
     "responses-native": "/v1/responses",
     "messages": "/v1/messages",
     "messages-native": "/v1/messages",
+    "embeddings": "/v1/embeddings",
 }
 PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **DOORS}
 
@@ -201,6 +204,10 @@ def serve(args: argparse.Namespace) -> None:
 def request_body(target: str, stream: bool) -> bytes:
     """Return the body ``target`` is sent: the chat completion, or its twin at another door."""
     chat = Scenario("counted", "bench-fast", stream, 1).body()
+    if target == "embeddings":
+        inputs = [f"{PROMPT[0]['content']} ({index})" for index in range(16)]
+        body = {"model": "bench-embed", "input": inputs, "encoding_format": "base64"}
+        return json.dumps(body, separators=(",", ":")).encode()
     if target in ("responses", "responses-native"):
         model = "bench-native" if target == "responses-native" else "bench-fast"
         streamed = ',"stream":true' if stream else ""

@@ -6,32 +6,16 @@ Vectors go out as float32, as OpenAI's do: ``base64`` is their little-endian byt
 
 from __future__ import annotations
 
-import base64
-import sys
-from array import array
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from app.providers.base import Embeddings
+from app.providers.vectors import Vector
 
-
-def float_vector(vector: list[float]) -> list[float]:
-    """Return ``vector`` rounded to float32, as JSON numbers."""
-    return array("f", vector).tolist()
-
-
-def base64_vector(vector: list[float]) -> str:
-    """Return ``vector`` as base64 of its little-endian float32 bytes."""
-    packed = array("f", vector)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode("ascii")
-
-
-WRITERS: dict[str, Callable[[list[float]], Any]] = {
-    "float": float_vector,
-    "base64": base64_vector,
+WRITERS: dict[str, Callable[[Vector], Any]] = {
+    "float": Vector.as_floats,
+    "base64": Vector.as_base64,
 }
 
 

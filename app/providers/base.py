@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from app.providers.vectors import Vector
+
 # The reasoning efforts a request may ask for; ``none`` turns reasoning off.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
@@ -166,9 +168,13 @@ class Chunk:
 
 @dataclass
 class Embeddings:
-    """An embeddings answer: one vector per input, in the inputs' order, and its usage."""
+    """An embeddings answer: one vector per input, in the inputs' order, and its usage.
 
-    vectors: list[list[float]]
+    Each vector is float32, as embedding models produce and OpenAI's API sends them, held
+    as it came (``app.providers.vectors``).
+    """
+
+    vectors: list[Vector]
     usage: Usage
 
 

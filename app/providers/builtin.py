@@ -18,6 +18,7 @@ import random
 import re
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from app.providers.errors import UpstreamError, UpstreamRejected
 from app.providers.hashed_vectors import NATIVE_DIMENSIONS, hashed_vector
 from app.providers.schema_instances import InstanceTooLarge, schema_instance
 from app.providers.tokens import prompt_token_bound
+from app.providers.vectors import Vector
 
 # A word token holds at most WORD_TOKEN_CHARACTERS: a 5 MB "word" is as many tokens as a
 # real tokenizer would make of it, not one that slips past any context length.
@@ -657,7 +659,7 @@ class BuiltinAdapter(Adapter):
                 else [str(token_id) for token_id in item]
             )
             tokens += len(pieces)
-            vectors.append(hashed_vector(pieces, dimensions))
+            vectors.append(Vector(values=array("f", hashed_vector(pieces, dimensions))))
         self._pause()
         return Embeddings(vectors=vectors, usage=Usage(prompt_tokens=tokens))
 

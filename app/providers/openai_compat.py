@@ -10,16 +10,16 @@ the contract's fields, so that nothing of the upstream (its name for the model, 
 extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
 ``reasoning``. Streams always ask for usage, so billing uses the upstream's counts.
 Embedding models are called at ``{base_url}/embeddings`` (OpenAI, vLLM, Text Embeddings
-Inference, Ollama), asking for floats; the vectors come back in the inputs' order.
+Inference, Ollama), asking for base64 (``embeddings_format``; ``float`` for a server that
+refuses it): little-endian float32 bytes cost next to nothing to read, where parsing a
+number per dimension costs more than the rest of the request. Vectors sent as numbers
+are read too, whatever was asked; they come back in the inputs' order.
 Which stop sequence ended an answer is known only from an upstream that says so
 (vLLM's ``stop_reason``); OpenAI says only ``finish_reason: stop``.
 """
 
 from __future__ import annotations
 
-import base64
-import sys
-from array import array
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
@@ -46,6 +46,7 @@ from app.providers.transport import (
     received_chunks,
     release_response,
 )
+from app.providers.vectors import Vector, from_base64, from_numbers
 
 MESSAGE_FIELDS = frozenset(
     ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
@@ -57,6 +58,7 @@ OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 # Every OpenAI-compatible server reads max_tokens (vLLM, llama.cpp, Ollama, TGI, SGLang);
 # OpenAI's reasoning models want max_completion_tokens, set per upstream.
 DEFAULT_OUTPUT_LIMIT_FIELD = "max_tokens"
+EMBEDDINGS_FORMATS = ("base64", "float")
 
 
 def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
@@ -176,6 +178,9 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         )
         if self.output_limit_field not in OUTPUT_LIMIT_FIELDS:
             raise ValueError(f"max_tokens_field must be one of {', '.join(OUTPUT_LIMIT_FIELDS)}")
+        self.embeddings_format = upstream.options.get("embeddings_format", "base64")
+        if self.embeddings_format not in EMBEDDINGS_FORMATS:
+            raise ValueError(f"embeddings_format must be one of {', '.join(EMBEDDINGS_FORMATS)}")
 
     def headers(self) -> dict[str, str]:
         """Return the request headers, with the upstream's key as a bearer token if it has one."""
@@ -243,7 +248,7 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         body: dict[str, Any] = {
             "model": target.upstream_model,
             "input": request.inputs,
-            "encoding_format": "float",
+            "encoding_format": self.embeddings_format,
         }
         if request.dimensions is not None:
             body["dimensions"] = request.dimensions
@@ -298,41 +303,27 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         )
 
 
-def vectors_from(data: Any, count: int) -> list[list[float]]:
+def vectors_from(data: Any, count: int) -> list[Vector]:
     """Return the vectors of an embeddings answer's ``data``, ordered by their ``index``.
 
-    A vector comes as numbers, or as base64 of little-endian float32 (a server that
+    A vector comes as base64 of little-endian float32, or as numbers (a server that
     answers so whatever was asked). Anything else, or not one vector per input, is the
     upstream failing.
     """
     if not isinstance(data, list) or len(data) != count:
         raise UpstreamError("The model's upstream answered without one vector per input.")
-    vectors: list[list[float] | None] = [None] * count
+    vectors: list[Vector | None] = [None] * count
     for position, item in enumerate(data):
         item = item if isinstance(item, dict) else {}
         index = item.get("index", position)
-        vector = vector_from(item.get("embedding"))
+        raw = item.get("embedding")
+        vector = from_base64(raw) if isinstance(raw, str) else from_numbers(raw)
         if type(index) is not int or not 0 <= index < count or vector is None:
             raise UpstreamError("The model's upstream answered a vector the gateway cannot read.")
         vectors[index] = vector
     if any(vector is None for vector in vectors):
         raise UpstreamError("The model's upstream answered without one vector per input.")
     return vectors  # type: ignore[return-value]
-
-
-def vector_from(raw: Any) -> list[float] | None:
-    """Read one vector: a list of numbers, or base64 of little-endian float32; else None."""
-    if isinstance(raw, str):
-        try:
-            packed = array("f", base64.b64decode(raw, validate=True))
-        except ValueError:
-            return None
-        if sys.byteorder == "big":
-            packed.byteswap()
-        return packed.tolist()
-    if isinstance(raw, list) and raw and all(type(x) in (int, float) for x in raw):
-        return [float(x) for x in raw]
-    return None
 
 
 class StreamRelay:

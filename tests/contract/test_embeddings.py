@@ -44,6 +44,7 @@ retries = 0
 kind = "openai"
 base_url = "{url}/tei/v1"
 retries = 0
+embeddings_format = "float"
 
 [upstreams.builtin-down]
 kind = "builtin"
@@ -385,8 +386,11 @@ def test_a_route_that_fails_is_failed_over_and_the_attempts_recorded(client, app
     assert outcomes == ["failed_over", "ok"]
 
 
-def test_openais_answer_is_passed_on_at_its_reported_tokens(client, gateway, scripted, app, funded):
-    scripted.script("/third", Reply("openai_embeddings"), Reply("openai_embeddings"))
+def test_openais_answer_in_base64_or_numbers_is_passed_on_at_its_reported_tokens(
+    client, gateway, scripted, app, funded
+):
+    # Asked for base64, OpenAI answers base64; a server that ignores it answers numbers.
+    scripted.script("/third", Reply("openai_embeddings_base64"), Reply("openai_embeddings"))
 
     as_floats = client.embeddings.create(
         model="text-embedding-3-small", input=TWO_TEXTS, dimensions=8, encoding_format="float"
@@ -395,18 +399,18 @@ def test_openais_answer_is_passed_on_at_its_reported_tokens(client, gateway, scr
         model="text-embedding-3-small", input=TWO_TEXTS, dimensions=8
     )
 
-    recorded = openai_vectors("openai_embeddings")
-    assert [item.embedding for item in as_floats.data] == [float32(v) for v in recorded]
-    assert [item.embedding for item in as_base64.data] == [float32(v) for v in recorded]
+    recorded = [float32(vector) for vector in openai_vectors("openai_embeddings")]
+    assert [item.embedding for item in as_floats.data] == recorded
+    assert [item.embedding for item in as_base64.data] == recorded
     assert as_floats.model == "text-embedding-3-small"
     assert as_floats.usage.prompt_tokens == 9
-    sent = scripted.exchanges_to("/third")[0]
-    assert sent.path == "/third/v1/embeddings"
-    assert sent.headers["authorization"] == f"Bearer {THIRD_KEY}"
-    assert sent.json == {
+    sent = scripted.exchanges_to("/third")
+    assert [exchange.path for exchange in sent] == ["/third/v1/embeddings"] * 2
+    assert sent[0].headers["authorization"] == f"Bearer {THIRD_KEY}"
+    assert sent[0].json == {
         "model": "text-embedding-3-small",
         "input": TWO_TEXTS,
-        "encoding_format": "float",
+        "encoding_format": "base64",
         "dimensions": 8,
     }
     generations = records(app, funded.account_id)[1]
@@ -445,6 +449,7 @@ def test_teis_vectors_come_back_in_the_inputs_order(client, gateway, scripted, a
 
     answer = client.embeddings.create(model="bge-large", input=TWO_TEXTS, encoding_format="float")
 
+    assert scripted.exchanges_to("/tei")[0].json["encoding_format"] == "float"
     recorded = sorted(transcript_data("tei_embeddings"), key=lambda item: item["index"])
     assert [item.embedding for item in answer.data] == [
         float32(item["embedding"]) for item in recorded
