@@ -17,6 +17,8 @@ from app.generations.models import EMBEDDINGS
 from app.generations.prompts import EmbeddingInputs
 from app.generations.refusals import inputs_within_context
 from app.providers.base import ChatRequest
+from app.providers.errors import UpstreamError
+from app.providers.vectors import UnreadableVector
 from app.request_body import json_body
 
 bp = Blueprint("embeddings", __name__)
@@ -51,7 +53,13 @@ def create_embeddings() -> Response:
         context_checked=True,
     )
     embeddings, cost = run_embeddings(generation, embedding_request)
-    body = embeddings_body(
-        embeddings, model_id=model.id, encoding_format=parsed.encoding_format, cost=cost
-    )
+    try:
+        body = embeddings_body(
+            embeddings, model_id=model.id, encoding_format=parsed.encoding_format, cost=cost
+        )
+    except UnreadableVector:
+        # Settled already, at the usage the upstream reported: it answered, and billed.
+        raise UpstreamError(
+            "The model's upstream answered a vector the gateway cannot read."
+        ) from None
     return Response(dumps(body), mimetype="application/json")

@@ -2,10 +2,11 @@
 
 OpenAI's API sends a vector as JSON numbers or as base64 of its little-endian float32
 bytes, and so do the servers that copy it. A vector that came as base64 and goes out as
-base64 (what the OpenAI SDKs ask for by default) is passed on as it came: decoding and
-encoding again cost more than the rest of the request. It is checked first, cheaply,
-for being base64 of whole float32 numbers, so that it decodes whenever a caller wants
-numbers.
+base64 (what the OpenAI SDKs ask for by default) is passed on as it came, as a chat
+answer's text is: decoding it, or even reading each of its characters in Python's C,
+costs more than the rest of the request. Its shape is checked (ASCII, whole groups of
+four, whole float32 numbers); it is decoded, strictly, only for a caller who asks for
+numbers, and one that does not decode is the upstream's failure (UnreadableVector).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import sys
 from array import array
 from dataclasses import dataclass
 
-BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 FLOAT32_BYTES = 4
+
+
+class UnreadableVector(ValueError):
+    """A vector sent as base64 that does not decode: the upstream answered something else."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,10 @@ class Vector:
         """Return the vector's float32 numbers, as Python floats."""
         if self.values is not None:
             return self.values.tolist()
-        values = array("f", binascii.a2b_base64(self.packed, strict_mode=True))
+        try:
+            values = array("f", binascii.a2b_base64(self.packed, strict_mode=True))
+        except ValueError:  # binascii.Error is one
+            raise UnreadableVector() from None
         if sys.byteorder == "big":
             values.byteswap()
         return values.tolist()
@@ -59,17 +66,16 @@ def from_numbers(numbers: object) -> Vector | None:
 
 
 def from_base64(text: object) -> Vector | None:
-    """Return the vector of base64 of whole float32 numbers; None if ``text`` is not that.
+    """Return the vector of ``text``, base64 of float32 numbers; None if it has not that shape.
 
-    The check is what a strict decode would refuse, at a small part of a decode's cost:
-    ASCII, whole groups of four, at most two ``=`` at the end, nothing outside the
-    alphabet before them, and a whole number of 4-byte floats once decoded.
+    The shape, checked without reading every character (see the module): ASCII (which
+    Python knows of a string without reading it), whole groups of four, at most two
+    ``=`` at the end, and a whole number of 4-byte floats once decoded.
     """
     if not isinstance(text, str) or not text or not text.isascii() or len(text) % 4:
         return None
-    body = text.rstrip("=")
-    padding = len(text) - len(body)
+    padding = len(text) - len(text.rstrip("="))
     size = len(text) // 4 * 3 - padding
-    if padding > 2 or size % FLOAT32_BYTES or body.encode("ascii").translate(None, BASE64_ALPHABET):
+    if padding > 2 or size % FLOAT32_BYTES:
         return None
     return Vector(packed=text)

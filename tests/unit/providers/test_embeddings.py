@@ -12,6 +12,7 @@ from app.providers.base import EmbeddingRequest, RouteTarget, UpstreamConfig
 from app.providers.builtin import BuiltinAdapter
 from app.providers.errors import UpstreamError, UpstreamRejected
 from app.providers.openai_compat import vectors_from
+from app.providers.vectors import UnreadableVector
 
 
 def packed(values):
@@ -46,7 +47,6 @@ def test_vectors_are_read_as_float32_from_numbers_or_base64_and_put_in_index_ord
         [{"index": 0, "embedding": "AAA="}, {"index": 1, "embedding": [0.2]}],
         [{"index": 0, "embedding": "AA=AAAAA"}, {"index": 1, "embedding": [0.2]}],
         [{"index": 0, "embedding": "AAAAAAA="}, {"index": 1, "embedding": [0.2]}],
-        [{"index": 0, "embedding": "AAAA AAA"}, {"index": 1, "embedding": [0.2]}],
         [{"index": 0, "embedding": "AAAAAé=="}, {"index": 1, "embedding": [0.2]}],
         [{"index": "0", "embedding": [0.1]}, {"index": 1, "embedding": [0.2]}],
         [[0.1], [0.2]],
@@ -55,6 +55,14 @@ def test_vectors_are_read_as_float32_from_numbers_or_base64_and_put_in_index_ord
 def test_anything_but_one_readable_vector_per_input_is_the_upstream_failing(data):
     with pytest.raises(UpstreamError):
         vectors_from(data, 2)
+
+
+def test_base64_of_the_right_shape_goes_on_as_it_came_and_is_refused_only_when_decoded():
+    (vector,) = vectors_from([{"index": 0, "embedding": "AAAA!AAAAAA="}], 1)
+
+    assert vector.as_base64() == "AAAA!AAAAAA="
+    with pytest.raises(UnreadableVector):
+        vector.as_floats()
 
 
 def embed(*inputs, dimensions=None, **options):
