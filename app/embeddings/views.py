@@ -10,7 +10,7 @@ from app.auth.decorators import require_api_key
 from app.catalog.registry import EMBEDDING_MODEL, current_catalog
 from app.embeddings.bodies import embeddings_body
 from app.embeddings.schemas import check_dimensions, parse_embedding_request
-from app.encoding import dumps
+from app.encoding import dumps_transient
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
 from app.generations.lifecycle import run_embeddings, start_generation
 from app.generations.models import EMBEDDINGS
@@ -62,4 +62,6 @@ def create_embeddings() -> Response:
         raise UpstreamError(
             "The model's upstream answered a vector the gateway cannot read."
         ) from None
-    return Response(dumps(body), mimetype="application/json")
+    # Sent once and dropped: the copy dumps() makes for long-lived bytes would be a
+    # second pass over every vector.
+    return Response(dumps_transient(body), mimetype="application/json")
