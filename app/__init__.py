@@ -72,6 +72,7 @@ def register_blueprints(app: Flask) -> None:
         organisations,  # noqa: F401  (adds its pages to the blueprint)
     )
     from app.dashboard import views as dashboard_views
+    from app.embeddings import views as embedding_views
     from app.gemini import errors as gemini_errors
     from app.gemini import views as gemini_views
     from app.generations import views as generation_views
@@ -95,6 +96,7 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(gemini_views.bp, url_prefix=GEMINI_PREFIX)
     app.register_blueprint(gemini_views.bp_v1, url_prefix=API_PREFIX)
     catalog_views.register_model_shape(app, gemini_views.MODEL_SHAPE)
+    app.register_blueprint(embedding_views.bp, url_prefix=API_PREFIX)
     # Anthropic's clients read errors in Anthropic's envelope: on the Messages door's
     # paths, and on the model list when they say their API version. Google's read
     # Google's: under /v1beta, and under /v1/models on its calls or with its key.

@@ -18,7 +18,10 @@ name picks the behaviour:
   its events (``CHUNKS`` text deltas), in one write;
 - ``bench-claude``: the same answer in Anthropic's Messages API, as its /v1/messages
   sends it (a route passes Messages requests through to it): the Message, or a stream
-  of its events (``CHUNKS`` text deltas), in one write.
+  of its events (``CHUNKS`` text deltas), in one write;
+- ``bench-embed``: an embeddings answer as OpenAI's /v1/embeddings sends it:
+  ``EMBED_INPUTS`` vectors of ``EMBED_DIMENSIONS`` dimensions, as base64 of float32 when
+  the request asks for base64, else as numbers, in one write.
 
     python bench/fake_upstream.py --port 9100
 """
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import resource
+import struct
 
 CHUNKS = 20
 SLOW_SECONDS = 0.05
@@ -42,6 +47,9 @@ USAGE = {
     "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
 }
 WORDS = [f" word{index}" for index in range(CHUNKS)]
+# An embeddings request of bench/instructions.py: its inputs, and the size of OpenAI's
+# text-embedding-3-small vectors.
+EMBED_INPUTS, EMBED_DIMENSIONS, EMBED_TOKENS = 16, 1536, 160
 
 
 def _compact(value: object) -> bytes:
@@ -220,7 +228,39 @@ def messages_stream() -> bytes:
     return stream_head() + chunks + b"0\r\n\r\n"
 
 
+def embeddings_whole(*, packed: bool) -> bytes:
+    """Return the HTTP response of an embeddings answer: base64 (``packed``) or numbers."""
+    vectors = [
+        [round(((index * 7919 + position * 104729) % 2000 - 1000) / 31622.7766, 10)
+         for position in range(EMBED_DIMENSIONS)]
+        for index in range(EMBED_INPUTS)
+    ]  # fmt: skip
+    body = _compact(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": index,
+                    "embedding": base64_floats(vector) if packed else vector,
+                }
+                for index, vector in enumerate(vectors)
+            ],
+            "model": "upstream-embedding-model",
+            "usage": {"prompt_tokens": EMBED_TOKENS, "total_tokens": EMBED_TOKENS},
+        }
+    )
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def base64_floats(vector: list[float]) -> str:
+    """Return ``vector`` as base64 of little-endian float32, as OpenAI sends it."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
 WHOLE, STREAM = whole_answer(), whole_stream()
+EMBED_BASE64, EMBED_FLOATS = embeddings_whole(packed=True), embeddings_whole(packed=False)
 NATIVE_WHOLE, NATIVE_STREAM = responses_whole(), responses_stream()
 CLAUDE_WHOLE, CLAUDE_STREAM = messages_whole(), messages_stream()
 
@@ -269,6 +309,9 @@ class UpstreamProtocol(asyncio.Protocol):
             asyncio.ensure_future(self._send_apart(CHUNKS, DRIP_SECONDS))
         elif b"bench-native" in body:
             self.transport.write(NATIVE_STREAM if streamed else NATIVE_WHOLE)
+        elif b"bench-embed" in body:
+            packed = b'"encoding_format":"base64"' in body
+            self.transport.write(EMBED_BASE64 if packed else EMBED_FLOATS)
         elif b"bench-claude" in body:
             self.transport.write(CLAUDE_STREAM if streamed else CLAUDE_WHOLE)
         elif b"bench-slow" in body:

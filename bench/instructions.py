@@ -15,7 +15,7 @@ bench/run.py's ratios of the same interleaved run remain the throughput targets.
 
     .venv/bin/python bench/instructions.py [--stream] [--database-url URL | --postgresql]
         [--key KEY] [--requests 200]
-        [--api responses|responses-native|messages|messages-native|gemini]
+        [--api responses|responses-native|messages|messages-native|gemini|embeddings]
 
 ``--postgresql`` serves the gateway on a private PostgreSQL server started for the run
 under callgrind too (bench/counted_postgres.py), and adds, per gateway target, the
@@ -33,7 +33,9 @@ upstream, translated both ways), ``--api messages-native`` the same passed throu
 upstream that serves the Messages API itself (the fake upstream's ``bench-claude``),
 ``--api gemini`` through Google's Gemini door (POST
 /v1beta/models/bench-fast:generateContent, or :streamGenerateContent?alt=sse), each
-beside its chat completion, with their ratio.
+beside its chat completion, with their ratio. ``--api embeddings`` counts an
+embeddings request of 16 inputs (asking for base64, as the openai SDK does) to the fake
+upstream's ``bench-embed`` (16 vectors of 1536 numbers), beside the chat completion.
 ``--key`` calls with a key of the database's own (bench/history.py prints its long
 account's, on tables it filled) instead of a new account's.
 
@@ -79,6 +81,7 @@ DOORS = {
     "messages": "/v1/messages",
     "messages-native": "/v1/messages",
     "gemini": "/v1beta/models/bench-fast:generateContent",
+    "embeddings": "/v1/embeddings",
 }
 PATHS = {"floor": "/v1/chat/completions", "gateway": "/v1/chat/completions", **DOORS}
 
@@ -211,6 +214,10 @@ def path_of(target: str, stream: bool) -> tuple[str, str]:
 def request_body(target: str, stream: bool) -> bytes:
     """Return the body ``target`` is sent: the chat completion, or its twin at another door."""
     chat = Scenario("counted", "bench-fast", stream, 1).body()
+    if target == "embeddings":
+        inputs = [f"{PROMPT[0]['content']} ({index})" for index in range(16)]
+        body = {"model": "bench-embed", "input": inputs, "encoding_format": "base64"}
+        return json.dumps(body, separators=(",", ":")).encode()
     if target in ("responses", "responses-native"):
         model = "bench-native" if target == "responses-native" else "bench-fast"
         streamed = ',"stream":true' if stream else ""

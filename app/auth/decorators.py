@@ -30,9 +30,7 @@ KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 KEY_PARAMETER = "key"
 
 
-def presented_key(
-    headers: Mapping[str, str], args: Mapping[str, str] | None = None
-) -> str | None:
+def presented_key(headers: Mapping[str, str], args: Mapping[str, str] | None = None) -> str | None:
     """Return the API key a request presents: a bearer, a key header, or ``?key=``.
 
     The OpenAI SDKs send a bearer; Anthropic's ``x-api-key`` (an auth token as a bearer);

@@ -38,6 +38,21 @@ class ModelNotPermitted(NoSuchModel):
     status = 403
 
 
+class WrongModelType(APIError):
+    """The model is of another type than the door serves: chat, or embedding (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "wrong_model_type"
+
+    def __init__(self, model_id: str, model_type: str) -> None:
+        if model_type == "embedding":
+            message = f"The model '{model_id}' is an embedding model: send it to /v1/embeddings."
+        else:
+            message = f"The model '{model_id}' is a {model_type} model, not an embedding model."
+        super().__init__(message, param="model")
+
+
 class CapabilityMissing(APIError):
     """The request uses a feature (images, tools, ...) the model does not have."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Flask, current_app
 
-from app.catalog.errors import CatalogError, ModelNotPermitted, UnknownModel
+from app.catalog.errors import CatalogError, ModelNotPermitted, UnknownModel, WrongModelType
 from app.catalog.pricing import PRICED_TOOLS, Pricing
 from app.providers import ADAPTERS
 from app.providers.base import (
@@ -26,6 +26,11 @@ from app.providers.cooldown import cooldown_policy
 from app.providers.tokens import encoding_names
 
 CAPABILITIES = frozenset({"tools", "json_schema", "reasoning", "vision"})
+# What a model is for: chat (every generating door) or embedding (POST /v1/embeddings).
+CHAT_MODEL, EMBEDDING_MODEL = "chat", "embedding"
+MODEL_TYPES = (CHAT_MODEL, EMBEDDING_MODEL)
+# An embedding model's capabilities: ``dimensions``, it takes the request's vector size.
+EMBEDDING_CAPABILITIES = frozenset({"dimensions"})
 BUILTIN_UPSTREAM = "builtin"
 DEFAULT_CREATED = 1_700_000_000
 URL_SCHEMES = ("http://", "https://")
@@ -51,6 +56,8 @@ class Model:
     routes: tuple[Route, ...]
     created: int = DEFAULT_CREATED
     default_reasoning_effort: str | None = None
+    type: str = CHAT_MODEL
+    aliases: tuple[str, ...] = ()
 
     def with_defaults(self, request: ChatRequest) -> ChatRequest:
         """Return ``request`` with the model's defaults for the fields the caller left out."""
@@ -60,17 +67,21 @@ class Model:
         return replace(request, params=params)
 
     def to_dict(self) -> dict[str, Any]:
-        """Render as an entry of GET /v1/models."""
-        return {
+        """Render as an entry of GET /v1/models (an embedding model generates no output)."""
+        entry = {
             "id": self.id,
             "object": "model",
             "created": self.created,
             "owned_by": self.owned_by,
+            "type": self.type,
             "context_length": self.context_length,
             "max_output_tokens": self.max_output_tokens,
             "capabilities": sorted(self.capabilities),
             "pricing": self.pricing.to_dict(),
         }
+        if self.type == EMBEDDING_MODEL:
+            del entry["max_output_tokens"]
+        return entry
 
 
 def _every_model(model_id: str) -> bool:
@@ -83,19 +94,34 @@ class Catalog:
 
     path: str
     models: dict[str, Model] = field(default_factory=dict)
+    # Every name a model is served under: its id and its aliases.
+    names: dict[str, Model] = field(default_factory=dict)
 
-    def resolve(self, model_id: str, *, may_use: Callable[[str], bool] = _every_model) -> Model:
-        """Return the model served under ``model_id`` if ``may_use`` permits it.
+    def resolve(
+        self,
+        model_id: str,
+        *,
+        may_use: Callable[[str], bool] = _every_model,
+        model_type: str = CHAT_MODEL,
+    ) -> Model:
+        """Return the model served under ``model_id`` (or an alias) if ``may_use`` permits it.
 
         :raise UnknownModel: no model is served under ``model_id`` (400).
         :raise ModelNotPermitted: the caller may not use it (403).
+        :raise WrongModelType: it is not a model of ``model_type`` (400).
         """
-        model = self.models.get(model_id) if isinstance(model_id, str) else None
+        model = self.names.get(model_id) if isinstance(model_id, str) else None
         if model is None:
             raise UnknownModel(model_id)
-        if not may_use(model_id):
+        if not may_use(model.id):
             raise ModelNotPermitted(model_id)
+        if model.type != model_type:
+            raise WrongModelType(model_id, model.type)
         return model
+
+    def named(self, model_id: str) -> Model | None:
+        """Return the model served under ``model_id`` (its id or an alias), if any."""
+        return self.names.get(model_id)
 
     def list(self, *, may_use: Callable[[str], bool] = _every_model) -> list[Model]:
         """Every served model that ``may_use`` permits, in catalog order."""
@@ -126,6 +152,10 @@ def build_catalog(document: Mapping[str, Any], path: str = "<catalog>") -> Catal
             continue
         if model.id in catalog.models:
             raise CatalogError(f"{where}: the id is listed twice")
+        for name in (model.id, *model.aliases):
+            if name in catalog.names:
+                raise CatalogError(f"{where}: the name {name!r} is already a model's id or alias")
+            catalog.names[name] = model
         catalog.models[model.id] = model
     return catalog
 
@@ -172,15 +202,25 @@ def _build_model(
     model_id = entry.get("id")
     if not isinstance(model_id, str) or not model_id or "/" in model_id:
         raise CatalogError(f"{where}: id must be a bare model id (no provider prefix)")
+    model_type = entry.get("type", CHAT_MODEL)
+    if model_type not in MODEL_TYPES:
+        raise CatalogError(f"{where}: type must be one of {', '.join(MODEL_TYPES)}")
     capabilities = frozenset(entry.get("capabilities", []))
-    if unknown := capabilities - CAPABILITIES:
-        raise CatalogError(f"{where}: unknown capabilities {sorted(unknown)}")
+    allowed = EMBEDDING_CAPABILITIES if model_type == EMBEDDING_MODEL else CAPABILITIES
+    if unknown := capabilities - allowed:
+        raise CatalogError(
+            f"{where}: unknown capabilities {sorted(unknown)} for a {model_type} model"
+        )
     max_output = _positive_int(entry, "max_output_tokens", where, default=4096)
     routes = tuple(
         _build_route(route, adapters, capabilities, max_output, entry, f"{where}: routes[{i}]")
         for i, route in enumerate(entry.get("routes", []))
     )
-    pricing = _build_pricing(entry.get("pricing"), where)
+    if model_type == EMBEDDING_MODEL:
+        _check_embedding_routes(routes, entry, where)
+        pricing = _embedding_pricing(entry.get("pricing"), where)
+    else:
+        pricing = _build_pricing(entry.get("pricing"), where)
     if not routes or not entry.get("enabled", True):
         return None
     return Model(
@@ -192,7 +232,44 @@ def _build_model(
         pricing=pricing,
         routes=routes,
         default_reasoning_effort=_reasoning_effort(entry, where),
+        type=model_type,
+        aliases=_aliases(entry, where),
     )
+
+
+def _aliases(entry: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    aliases = entry.get("aliases", [])
+    if not isinstance(aliases, list) or not all(
+        isinstance(alias, str) and alias and "/" not in alias for alias in aliases
+    ):
+        raise CatalogError(f"{where}: aliases must be a list of bare model ids")
+    return tuple(aliases)
+
+
+def _check_embedding_routes(
+    routes: tuple[Route, ...], entry: Mapping[str, Any], where: str
+) -> None:
+    """Refuse an embedding model on an upstream that serves no embeddings, or passed through."""
+    for index, route in enumerate(routes):
+        if not route.adapter.embeds:
+            raise CatalogError(
+                f"{where}: routes[{index}]: upstreams of kind {route.adapter.kind} "
+                "serve no embedding models"
+            )
+        if route.target.api is not None:
+            raise CatalogError(f"{where}: routes[{index}]: an embedding model takes no api")
+
+
+def _embedding_pricing(pricing: Any, where: str) -> Pricing:
+    """Price an embedding model by ``prompt`` alone: it generates no tokens."""
+    if not isinstance(pricing, Mapping) or "prompt" not in pricing:
+        raise CatalogError(f"{where}: pricing.prompt is required")
+    if others := sorted(set(pricing) - {"prompt"}):
+        raise CatalogError(
+            f"{where}: an embedding model is priced by prompt alone (found pricing.{others[0]})"
+        )
+    prompt = _price(pricing["prompt"], f"{where}: pricing.prompt")
+    return Pricing(prompt=prompt, completion=Decimal(0), cached_read=prompt, image=prompt)
 
 
 def _build_route(

@@ -17,7 +17,7 @@ from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.errors import ModelNotFound
-from app.catalog.registry import Model, current_catalog
+from app.catalog.registry import CHAT_MODEL, Model, current_catalog
 from app.encoding import dumps
 from app.errors import InvalidRequest
 
@@ -58,7 +58,8 @@ def list_models() -> Response:
     if (shape := claiming_shape()) is not None:
         body = shape.page(models)
     elif ANTHROPIC_VERSION in request.headers:
-        body = anthropic_page(models, request)
+        # Anthropic's clients pick chat models from it: embedding models are not theirs.
+        body = anthropic_page([model for model in models if model.type == CHAT_MODEL], request)
     else:
         body = {"object": "list", "data": [model.to_dict() for model in models]}
     return Response(dumps(body), mimetype="application/json")
@@ -72,7 +73,7 @@ def retrieve_model(model_id: str) -> Response:
     if shape is not None:
         # Google's clients name a model ``models/ID``.
         model_id = model_id.removeprefix("models/")
-    model = current_catalog().models.get(model_id)
+    model = current_catalog().named(model_id)
     if model is None or not g.caller.may_use(model.id):
         raise ModelNotFound(model_id)
     if shape is not None:

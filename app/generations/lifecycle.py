@@ -53,6 +53,8 @@ from app.providers.base import (
     ChatRequest,
     Chunk,
     Completion,
+    EmbeddingRequest,
+    Embeddings,
     NativeAnswer,
     NativeCall,
     Route,
@@ -61,6 +63,7 @@ from app.providers.base import (
 from app.providers.errors import UpstreamError
 from app.providers.router import (
     complete_on_routes,
+    embed_on_routes,
     relay_on_routes,
     relay_stream_on_routes,
     stream_on_routes,
@@ -94,7 +97,7 @@ class Generation:
     trace: RequestTrace = field(default_factory=current_trace)
     # While it streams: what it delivered, which the worker records as its progress.
     meter: Meter | None = None
-    # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES, GEMINI).
+    # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES, ...).
     api: str = CHAT
     # What it asked for that is billed beyond tokens: a service tier, hosted tools.
     surcharges: Surcharges = NO_SURCHARGES
@@ -110,6 +113,7 @@ def start_generation(
     api: str = CHAT,
     surcharges: Surcharges = NO_SURCHARGES,
     prompt: Prompt | None = None,
+    context_checked: bool = False,
 ) -> Generation:
     """Fit the request to the model and hold its worst-case cost, under the generation's id.
 
@@ -118,7 +122,10 @@ def start_generation(
 
     ``generation_id`` is given when it was chosen before (an Idempotency-Key's claim
     names the generation it runs); otherwise a new one is made. ``prompt`` is what is
-    sent, when it is not ``request``'s messages (a body passed through).
+    sent, when it is not ``request``'s messages (a body passed through, the inputs of an
+    embeddings request). ``context_checked`` says the door checked the prompt against
+    the context length itself (an embeddings request's inputs, each alone): the whole
+    prompt may then be longer.
 
     The hold is sized with a cheap upper bound of the prompt's tokens (its UTF-8 size);
     the prompt is tokenized only when that bound is too tight, for the context length or
@@ -134,7 +141,7 @@ def start_generation(
     check_surcharges(surcharges, model)
     prompt = prompt or TranslatedPrompt(request, model.routes[0])
     prompt_tokens, exact = prompt.bound(), False
-    if prompt_tokens > model.context_length:
+    if prompt_tokens > model.context_length and not context_checked:
         prompt_tokens, exact = prompt_tokens_within_context(prompt, model), True
     generation_id = generation_id or new_generation_id()
     hold = HoldTerms(caller, generation_id, hold_ttl_seconds, surcharges)
@@ -243,6 +250,22 @@ def run_generation(generation: Generation) -> Answer:
         generation, usage=completion.usage, status=COMPLETED, finish_reason=finish_reason
     )
     return Answer(completion, cost)
+
+
+def run_embeddings(generation: Generation, request: EmbeddingRequest) -> tuple[Embeddings, Decimal]:
+    """Embed ``request``'s inputs on the model's routes, settle at the upstream's usage.
+
+    Return the vectors and what was charged.
+    """
+    try:
+        embeddings = embed_on_routes(generation.model.routes, request, generation.trace)
+    except BaseException:
+        finish_generation(generation, usage=Usage(), status=FAILED, finish_reason=None)
+        raise
+    cost = finish_generation(
+        generation, usage=embeddings.usage, status=COMPLETED, finish_reason=None
+    )
+    return embeddings, cost
 
 
 def stream_generation(generation: Generation) -> Iterator[StreamItem]:

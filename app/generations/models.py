@@ -11,8 +11,15 @@ from app.extensions import db
 # How a generation ended: answered; failed before producing anything; its caller went
 # away; its worker stopped while it streamed, billed from its last recorded progress.
 COMPLETED, FAILED, CANCELLED, INTERRUPTED = "completed", "failed", "cancelled", "interrupted"
-# The front doors a generation can come in by: Chat Completions, Responses, Messages, Gemini.
-CHAT, RESPONSES, MESSAGES, GEMINI = "chat", "responses", "messages", "gemini"
+# The front doors a generation can come in by: Chat Completions, Responses, Messages,
+# Gemini, Embeddings.
+CHAT, RESPONSES, MESSAGES, GEMINI, EMBEDDINGS = (
+    "chat",
+    "responses",
+    "messages",
+    "gemini",
+    "embeddings",
+)
 
 
 class Generation(db.Model):
@@ -33,7 +40,7 @@ class Generation(db.Model):
         ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
     )
     model: Mapped[str] = mapped_column(String(200))
-    # The wire protocol the request came in by: chat, responses, messages or gemini.
+    # The wire protocol the request came in by: chat, responses, messages, gemini or embeddings.
     api: Mapped[str] = mapped_column(String(16), default=CHAT, server_default=CHAT)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)

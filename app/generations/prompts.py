@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from app.catalog.registry import Model
 from app.generations.errors import UncountableContent, UnsupportedContent
-from app.providers.base import ChatRequest, PromptContent, Route
+from app.providers.base import ChatRequest, EmbeddingRequest, PromptContent, Route
 
 # What a door's rule counts a typed object as: the PromptContent field it adds one to.
 IMAGE, LOW_DETAIL_IMAGE, OPAQUE = "images", "low_detail_images", "opaque"
@@ -95,6 +95,40 @@ class SentPrompt:
     def widened(self, tokens: int) -> int:
         """Return ``tokens``, or the whole context length when opaque parts may fill it."""
         return max(tokens, self.context_length) if self.content.opaque else tokens
+
+
+# What a hold adds for each input of an embeddings request beyond its own tokens: the
+# tokens an upstream's tokenizer may frame it with (BERT's [CLS] and [SEP], a BOS and EOS).
+INPUT_FRAMING_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class EmbeddingInputs:
+    """The inputs of an embeddings request, counted by the route that embeds them.
+
+    Texts are counted as the route counts any text (bounded by their UTF-8 size); token
+    ids are one token each. Every input adds INPUT_FRAMING_TOKENS: the hold covers an
+    upstream that frames each one, and the charge is what the upstream reports.
+    """
+
+    request: EmbeddingRequest
+    route: Route
+
+    def bound(self) -> int:
+        """Return an upper bound of the inputs' tokens, without tokenizing."""
+        adapter, target = self.route.adapter, self.route.target
+        content = PromptContent(texts=self.request.texts)
+        return adapter.content_token_bound(content, target) + self._fixed()
+
+    def count(self, *, limit: int | None = None) -> int:
+        """Count the inputs' tokens as the route does; with ``limit``, stop past it."""
+        adapter, target = self.route.adapter, self.route.target
+        content = PromptContent(texts=self.request.texts)
+        return adapter.count_content_tokens(content, target, limit=limit) + self._fixed()
+
+    def _fixed(self) -> int:
+        ids = sum(map(len, self.request.token_arrays))
+        return ids + INPUT_FRAMING_TOKENS * len(self.request.inputs)
 
 
 def image(block: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from app.generations.errors import (
     UnsupportedContent,
 )
 from app.generations.prompts import Prompt
-from app.providers.base import ChatRequest
+from app.providers.base import ChatRequest, EmbeddingRequest, PromptContent
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 
@@ -43,6 +43,31 @@ def prompt_tokens_within_context(prompt: Prompt, model: Model) -> int:
             limit=model.context_length,
         )
     return tokens
+
+
+def inputs_within_context(request: EmbeddingRequest, model: Model) -> None:
+    """Refuse an input longer than the model's context length: each is embedded alone.
+
+    A text is tokenized only when its cheap bound passes the limit, and then only up to it.
+    """
+    route = model.routes[0]
+    adapter, target, limit = route.adapter, route.target, model.context_length
+    for index, item in enumerate(request.inputs):
+        if type(item) is list:
+            tokens = len(item)
+        else:
+            content = PromptContent(texts=[item])
+            if adapter.content_token_bound(content, target) <= limit:
+                continue
+            tokens = adapter.count_content_tokens(content, target, limit=limit)
+        if tokens > limit:
+            raise ContextLengthExceeded(
+                f"input[{index}] is longer than model '{model.id}' takes: it has more than "
+                f"{limit} tokens.",
+                param=f"input[{index}]",
+                tokens=tokens,
+                limit=limit,
+            )
 
 
 def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from app.providers.vectors import Vector
+
 # The reasoning efforts a request may ask for; ``none`` turns reasoning off.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
@@ -44,6 +46,31 @@ class ChatRequest:
     def choice_count(self) -> int:
         """How many choices were asked for (``n``)."""
         return self.params.get("n") or 1
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """A validated embeddings request: the inputs to embed, each a text or token ids.
+
+    ``inputs`` holds either texts or arrays of token ids, never both (the caller's
+    ``input`` as one list); ``dimensions`` is the vector size asked for (None: the model's
+    own), ``user`` the caller's end-user id, passed on.
+    """
+
+    model: str
+    inputs: list[str] | list[list[int]]
+    dimensions: int | None = None
+    user: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        """The inputs given as text (none when they are token ids)."""
+        return [item for item in self.inputs if type(item) is str]
+
+    @property
+    def token_arrays(self) -> list[list[int]]:
+        """The inputs given as token ids (none when they are texts)."""
+        return [item for item in self.inputs if type(item) is list]
 
 
 @dataclass(frozen=True)
@@ -137,6 +164,18 @@ class Chunk:
     system_fingerprint: str | None = None
     more: bool = False
     stop_sequence: str | None = None
+
+
+@dataclass
+class Embeddings:
+    """An embeddings answer: one vector per input, in the inputs' order, and its usage.
+
+    Each vector is float32, as embedding models produce and OpenAI's API sends them, held
+    as it came (``app.providers.vectors``).
+    """
+
+    vectors: list[Vector]
+    usage: Usage
 
 
 @dataclass(frozen=True)
@@ -283,6 +322,13 @@ class Adapter(ABC):
     def content_token_bound(self, content: PromptContent, target: RouteTarget) -> int:
         """Return a cheap upper bound of ``content``'s prompt tokens (this default counts them)."""
         return self.count_content_tokens(content, target)
+
+    # Whether the upstream serves embedding models (``embed``).
+    embeds: ClassVar[bool] = False
+
+    def embed(self, request: EmbeddingRequest, target: RouteTarget) -> Embeddings:
+        """Embed the request's inputs; an adapter whose upstream serves no embeddings cannot."""
+        raise NotSpokenHere(self.kind, "embeddings")
 
     # The wire protocols the upstream speaks itself, whatever a route says.
     native_apis: ClassVar[frozenset[str]] = frozenset()

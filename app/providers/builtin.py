@@ -18,6 +18,7 @@ import random
 import re
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -29,13 +30,17 @@ from app.providers.base import (
     ChatRequest,
     Chunk,
     Completion,
+    EmbeddingRequest,
+    Embeddings,
     RouteTarget,
     UpstreamConfig,
     Usage,
 )
-from app.providers.errors import UpstreamError
+from app.providers.errors import UpstreamError, UpstreamRejected
+from app.providers.hashed_vectors import NATIVE_DIMENSIONS, hashed_vector
 from app.providers.schema_instances import InstanceTooLarge, schema_instance
 from app.providers.tokens import prompt_token_bound
+from app.providers.vectors import Vector
 
 # A word token holds at most WORD_TOKEN_CHARACTERS: a 5 MB "word" is as many tokens as a
 # real tokenizer would make of it, not one that slips past any context length.
@@ -580,6 +585,7 @@ class BuiltinAdapter(Adapter):
     """
 
     kind = "builtin"
+    embeds = True
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
@@ -630,6 +636,32 @@ class BuiltinAdapter(Adapter):
         yield Chunk(
             choices=[], usage=usage_of(prompt, cached, plans), system_fingerprint=SYSTEM_FINGERPRINT
         )
+
+    def embed(self, request: EmbeddingRequest, target: RouteTarget) -> Embeddings:
+        """Answer with each input's hashed-feature vector (hashed_vectors: not semantic).
+
+        The usage is the inputs' tokens, as count_text_tokens counts them (token ids: one
+        each), so a hold counted with this adapter is exact.
+        """
+        if self.fail_after_tokens is not None:
+            raise UpstreamError(FAILURE_MESSAGE)
+        dimensions = request.dimensions or NATIVE_DIMENSIONS
+        if dimensions > NATIVE_DIMENSIONS:
+            raise UpstreamRejected(
+                f"dimensions must be at most {NATIVE_DIMENSIONS} for this model.",
+                param="dimensions",
+            )
+        vectors, tokens = [], 0
+        for item in request.inputs:
+            pieces = (
+                [token.strip().lower() for token in tokenize(item)]
+                if type(item) is str
+                else [str(token_id) for token_id in item]
+            )
+            tokens += len(pieces)
+            vectors.append(Vector(values=array("f", hashed_vector(pieces, dimensions))))
+        self._pause()
+        return Embeddings(vectors=vectors, usage=Usage(prompt_tokens=tokens))
 
     def count_prompt_tokens(
         self, request: ChatRequest, target: RouteTarget, *, limit: int | None = None

@@ -9,6 +9,11 @@ what was held. The answer comes back cut to
 the contract's fields, so that nothing of the upstream (its name for the model, its own
 extensions) reaches the caller; ``reasoning_content`` (vLLM, DeepSeek) becomes
 ``reasoning``. Streams always ask for usage, so billing uses the upstream's counts.
+Embedding models are called at ``{base_url}/embeddings`` (OpenAI, vLLM, Text Embeddings
+Inference, Ollama), asking for base64 (``embeddings_format``; ``float`` for a server that
+refuses it): little-endian float32 bytes cost next to nothing to read, where parsing a
+number per dimension costs more than the rest of the request. Vectors sent as numbers
+are read too, whatever was asked; they come back in the inputs' order.
 Which stop sequence ended an answer is known only from an upstream that says so
 (vLLM's ``stop_reason``); OpenAI says only ``finish_reason: stop``.
 """
@@ -23,6 +28,9 @@ from app.providers.base import (
     ChatRequest,
     Chunk,
     Completion,
+    EmbeddingRequest,
+    Embeddings,
+    PromptContent,
     RouteTarget,
     UpstreamConfig,
     Usage,
@@ -38,6 +46,7 @@ from app.providers.transport import (
     received_chunks,
     release_response,
 )
+from app.providers.vectors import Vector, from_base64, from_numbers
 
 MESSAGE_FIELDS = frozenset(
     ("role", "content", "refusal", "reasoning", "reasoning_details", "tool_calls")
@@ -49,6 +58,7 @@ OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 # Every OpenAI-compatible server reads max_tokens (vLLM, llama.cpp, Ollama, TGI, SGLang);
 # OpenAI's reasoning models want max_completion_tokens, set per upstream.
 DEFAULT_OUTPUT_LIMIT_FIELD = "max_tokens"
+EMBEDDINGS_FORMATS = ("base64", "float")
 
 
 def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
@@ -156,15 +166,21 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
 
     kind = "openai"
     native_paths = {"responses": "/responses"}
+    embeds = True
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
-        self.url = prepared_url(f"{(upstream.base_url or '').rstrip('/')}/chat/completions")
+        base = (upstream.base_url or "").rstrip("/")
+        self.url = prepared_url(f"{base}/chat/completions")
+        self.embeddings_url = prepared_url(f"{base}/embeddings")
         self.output_limit_field = upstream.options.get(
             "max_tokens_field", DEFAULT_OUTPUT_LIMIT_FIELD
         )
         if self.output_limit_field not in OUTPUT_LIMIT_FIELDS:
             raise ValueError(f"max_tokens_field must be one of {', '.join(OUTPUT_LIMIT_FIELDS)}")
+        self.embeddings_format = upstream.options.get("embeddings_format", "base64")
+        if self.embeddings_format not in EMBEDDINGS_FORMATS:
+            raise ValueError(f"embeddings_format must be one of {', '.join(EMBEDDINGS_FORMATS)}")
 
     def headers(self) -> dict[str, str]:
         """Return the request headers, with the upstream's key as a bearer token if it has one."""
@@ -227,6 +243,35 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
             # the upstream generating (and charging for) tokens nobody will read.
             release_response(response, complete=complete)
 
+    def embed(self, request: EmbeddingRequest, target: RouteTarget) -> Embeddings:
+        """Ask for the inputs' vectors; count the inputs if the upstream reports no usage."""
+        body: dict[str, Any] = {
+            "model": target.upstream_model,
+            "input": request.inputs,
+            "encoding_format": self.embeddings_format,
+        }
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        if request.user is not None:
+            body["user"] = request.user
+        response = self.post(
+            self.embeddings_url, body, self.headers(), stream=False, public_model=request.model
+        )
+        answer = self.read_json(response)
+        vectors = vectors_from(answer.get("data"), len(request.inputs))
+        raw_usage = answer.get("usage")
+        if isinstance(raw_usage, dict) and as_count(raw_usage.get("prompt_tokens")):
+            usage = Usage(prompt_tokens=as_count(raw_usage.get("prompt_tokens")))
+        else:
+            usage = self.estimate_embedding_usage(request, target)
+        return Embeddings(vectors=vectors, usage=usage)
+
+    def estimate_embedding_usage(self, request: EmbeddingRequest, target: RouteTarget) -> Usage:
+        """Count the inputs' tokens of an embeddings answer whose upstream reported none."""
+        texts = self.count_content_tokens(PromptContent(texts=request.texts), target)
+        token_ids = sum(map(len, request.token_arrays))
+        return Usage(prompt_tokens=texts + token_ids, estimated=True)
+
     def fingerprint(self, target: RouteTarget) -> str:
         """Return the system_fingerprint for answers whose upstream sent none (vLLM, llama.cpp)."""
         return fingerprint_of(self.kind, self.upstream.name, target.upstream_model)
@@ -256,6 +301,29 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
             reasoning_tokens=reasoning,
             estimated=True,
         )
+
+
+def vectors_from(data: Any, count: int) -> list[Vector]:
+    """Return the vectors of an embeddings answer's ``data``, ordered by their ``index``.
+
+    A vector comes as base64 of little-endian float32, or as numbers (a server that
+    answers so whatever was asked). Anything else, or not one vector per input, is the
+    upstream failing.
+    """
+    if not isinstance(data, list) or len(data) != count:
+        raise UpstreamError("The model's upstream answered without one vector per input.")
+    vectors: list[Vector | None] = [None] * count
+    for position, item in enumerate(data):
+        item = item if isinstance(item, dict) else {}
+        index = item.get("index", position)
+        raw = item.get("embedding")
+        vector = from_base64(raw) if isinstance(raw, str) else from_numbers(raw)
+        if type(index) is not int or not 0 <= index < count or vector is None:
+            raise UpstreamError("The model's upstream answered a vector the gateway cannot read.")
+        vectors[index] = vector
+    if any(vector is None for vector in vectors):
+        raise UpstreamError("The model's upstream answered without one vector per input.")
+    return vectors  # type: ignore[return-value]
 
 
 class StreamRelay:

@@ -30,7 +30,16 @@ from app.observability.trace import (
     RequestTrace,
     current_trace,
 )
-from app.providers.base import ChatRequest, Chunk, Completion, NativeAnswer, NativeCall, Route
+from app.providers.base import (
+    ChatRequest,
+    Chunk,
+    Completion,
+    EmbeddingRequest,
+    Embeddings,
+    NativeAnswer,
+    NativeCall,
+    Route,
+)
 from app.providers.cooldown import Admission, upstream_cooldowns
 from app.providers.errors import (
     UpstreamError,
@@ -154,6 +163,13 @@ def complete_on_routes(
 ) -> Completion:
     """Return the first route's answer that succeeds; raise the last UpstreamError."""
     return _on_routes(routes, lambda route: route.adapter.complete(request, route.target), trace)
+
+
+def embed_on_routes(
+    routes: Sequence[Route], request: EmbeddingRequest, trace: RequestTrace | None = None
+) -> Embeddings:
+    """Return the vectors of the first route that answers; raise the last UpstreamError."""
+    return _on_routes(routes, lambda route: route.adapter.embed(request, route.target), trace)
 
 
 def stream_on_routes(

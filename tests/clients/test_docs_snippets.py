@@ -263,6 +263,16 @@ def curl_shows(output: str) -> None:
     assert Decimal(str(credits["data"]["remaining"])) == Decimal("10") - spent
 
 
+def embeddings_show(output: str) -> None:
+    sizes, same, usage, short = output.splitlines()
+    assert sizes == "2 256" and same == "True" and short == "8"
+    assert int(usage.split()[0]) == 6 and cost_at_end(usage) > 0
+
+
+def langchain_embeddings_show(output: str) -> None:
+    assert output.splitlines() == ["3 256", "True"]
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "openai-python": openai_python_shows,
     "openai-node": two_costed_answers,
@@ -276,6 +286,8 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "google-genai": google_genai_shows,
     "gemini-cli": gemini_cli_shows,
     "curl": curl_shows,
+    "embeddings-python": embeddings_show,
+    "embeddings-langchain": langchain_embeddings_show,
 }
 EXAMPLES = marked_examples()
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 from pydantic import BaseModel
+
+from tests.contract.conftest import billing_records
 
 
 @pytest.fixture
@@ -72,3 +74,30 @@ def test_with_structured_output_returns_the_pydantic_model(llm):
     raw = result["raw"]
     assert CityWeather.model_validate_json(raw.content) == result["parsed"]
     assert raw.response_metadata["token_usage"]["cost"]["total_cost"] > 0
+
+
+def test_openai_embeddings_batches_the_texts_and_gets_the_sdks_vectors(
+    base_url, funded_key, client, app
+):
+    embeddings = OpenAIEmbeddings(
+        model="dev-embed",
+        base_url=base_url,
+        api_key=funded_key.key,
+        max_retries=0,
+        # Its default splits texts with tiktoken, whose encodings are downloaded: no network.
+        check_embedding_ctx_length=False,
+        chunk_size=2,
+    )
+    texts = ["red apple pie", "red apple tart", "quantum tunnel", "river stone", "pie"]
+
+    vectors = embeddings.embed_documents(texts)
+    query = embeddings.embed_query("pie")
+
+    from_sdk = client.embeddings.create(model="dev-embed", input=texts, encoding_format="float")
+    assert vectors == [item.embedding for item in from_sdk.data]
+    assert query == vectors[4]
+    _, generations, charges, _ = billing_records(app, funded_key.account_id)
+    assert len(generations) == len(charges) == 5
+    assert {generation.api for generation in generations} == {"embeddings"}
+    # Three batches of at most two texts (6, 4 and 1 tokens), the query (1), the SDK's (11).
+    assert sorted(g.prompt_tokens for g in generations) == [1, 1, 4, 6, 11]

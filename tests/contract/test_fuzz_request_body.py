@@ -555,3 +555,43 @@ def test_a_responses_body_with_a_value_of_another_type_at_any_depth_gets_the_env
     assert_responses_answer_is_sound(
         response.status_code, response.content_type, response.get_data()
     )
+
+
+token_ids = st.lists(st.integers(0, 100_000) | HUGE, min_size=0, max_size=5)
+embeddings_body = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["dev-embed", "dev-embed-latest", "dev-chat"]),
+        "input": ODD_TEXT
+        | st.lists(ODD_TEXT, max_size=4)
+        | token_ids
+        | st.lists(token_ids, max_size=3),
+    },
+    optional={
+        "encoding_format": st.sampled_from(["float", "base64", "int8"]),
+        "dimensions": st.integers(-2, 400) | HUGE,
+        "user": ODD_TEXT,
+    },
+)
+
+
+def assert_embeddings_answer_is_sound(status: int, payload: bytes) -> None:
+    hypothesis.event(f"status {status}")
+    assert status < 500, payload[:500]
+    if status >= 400:
+        error = json.loads(payload)["error"]
+        assert set(error) == {"message", "type", "code", "param"}
+    else:
+        answer = json.loads(payload)
+        assert answer["object"] == "list" and answer["data"]
+        assert answer["usage"]["cost"]["total_cost"] >= 0
+
+
+@FUZZ_SETTINGS
+@given(body=retyped_somewhere(embeddings_body) | embeddings_body)
+def test_an_embeddings_body_of_any_shape_gets_vectors_or_the_envelope(client, fuzz_key, body):
+    response = client.post(
+        "/v1/embeddings",
+        data=encode(body),
+        headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
+    )
+    assert_embeddings_answer_is_sound(response.status_code, response.get_data())

@@ -76,6 +76,7 @@ def test_models_lists_only_what_the_key_may_use(make_client, make_limited_key):
         "dev-chat-mini",
         "dev-slow",
         "dev-dying",
+        "dev-embed",
     }
 
 

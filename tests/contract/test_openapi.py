@@ -100,6 +100,7 @@ def test_the_document_covers_the_public_api():
         "/v1/responses",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/input_items",
+        "/v1/embeddings",
         "/healthz",
         "/readyz",
     } <= set(document["paths"])
@@ -153,6 +154,10 @@ def test_the_document_covers_the_public_api():
     )
     assert ERROR_STATUSES <= set(responses["responses"])
     assert schemas["ResponseUsage"]["properties"]["cost"] == {"$ref": "#/components/schemas/Cost"}
+    embeddings = document["paths"]["/v1/embeddings"]["post"]
+    assert embeddings["operationId"] == "createEmbeddings"
+    assert ERROR_STATUSES - {"404"} <= set(embeddings["responses"])
+    assert schemas["EmbeddingUsage"]["properties"]["cost"] == {"$ref": "#/components/schemas/Cost"}
 
 
 def test_the_messages_and_responses_bodies_are_documented_in_their_shapes():

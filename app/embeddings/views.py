@@ -1,0 +1,67 @@
+"""POST /v1/embeddings."""
+
+from __future__ import annotations
+
+import secrets
+
+from flask import Blueprint, Response, current_app, g, request
+
+from app.auth.decorators import require_api_key
+from app.catalog.registry import EMBEDDING_MODEL, current_catalog
+from app.embeddings.bodies import embeddings_body
+from app.embeddings.schemas import check_dimensions, parse_embedding_request
+from app.encoding import dumps_transient
+from app.generations.decorators import claimed_generation_id, honour_idempotency_key
+from app.generations.lifecycle import run_embeddings, start_generation
+from app.generations.models import EMBEDDINGS
+from app.generations.prompts import EmbeddingInputs
+from app.generations.refusals import inputs_within_context
+from app.providers.base import ChatRequest
+from app.providers.errors import UpstreamError
+from app.providers.vectors import UnreadableVector
+from app.request_body import json_body
+
+bp = Blueprint("embeddings", __name__)
+
+
+def new_embedding_id() -> str:
+    """Return a fresh id for an embeddings request's generation record and hold."""
+    return "embd-" + secrets.token_hex(12)
+
+
+@bp.post("/embeddings")
+@require_api_key
+@honour_idempotency_key(new_embedding_id)
+def create_embeddings() -> Response:
+    """Embed the inputs, paid from the caller's credits at the upstream's prompt tokens."""
+    parsed = parse_embedding_request(json_body(request))
+    embedding_request = parsed.request
+    model = current_catalog().resolve(
+        embedding_request.model, may_use=g.caller.may_use, model_type=EMBEDDING_MODEL
+    )
+    check_dimensions(embedding_request, model)
+    inputs_within_context(embedding_request, model)
+    generation = start_generation(
+        caller=g.caller,
+        model=model,
+        # Nothing is generated: the hold is the inputs' tokens (completion is priced 0).
+        request=ChatRequest(model=model.id, messages=[]),
+        hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
+        generation_id=claimed_generation_id() or new_embedding_id(),
+        api=EMBEDDINGS,
+        prompt=EmbeddingInputs(embedding_request, model.routes[0]),
+        context_checked=True,
+    )
+    embeddings, cost = run_embeddings(generation, embedding_request)
+    try:
+        body = embeddings_body(
+            embeddings, model_id=model.id, encoding_format=parsed.encoding_format, cost=cost
+        )
+    except UnreadableVector:
+        # Settled already, at the usage the upstream reported: it answered, and billed.
+        raise UpstreamError(
+            "The model's upstream answered a vector the gateway cannot read."
+        ) from None
+    # Sent once and dropped: the copy dumps() makes for long-lived bytes would be a
+    # second pass over every vector.
+    return Response(dumps_transient(body), mimetype="application/json")
