@@ -275,6 +275,8 @@ class RelayedStream(DeliveryMeter):
             if type(delta.get("container")) is dict:
                 self.calls["container"] = 1
             self.take_usage(payload.get("usage"))
+            if kind == "message_delta":
+                self.end_generation()
             reason = delta.get("stop_reason")
             if reason:
                 self.finish_reason = FINISH_REASONS.get(reason, "stop")

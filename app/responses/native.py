@@ -347,6 +347,7 @@ class RelayedStream(DeliveryMeter):
             if type(payload.get("sequence_number")) is int:
                 self.sequence = payload["sequence_number"]
             if kind in TERMINAL_EVENTS and type(payload.get("response")) is dict:
+                self.end_generation()
                 self.usage = reported_usage(payload["response"])
                 self.finish_reason = finish_reason_of(payload["response"])
                 self.terminal = payload
