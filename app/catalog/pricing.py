@@ -101,6 +101,8 @@ class Surcharges:
 
     tier: str | None = None
     tool_calls: Mapping[str, int] = field(default_factory=dict)
+    # The request's field that asks for the tools, named in a refusal.
+    tools_param: str = "tools"
 
 
 NO_SURCHARGES = Surcharges()

@@ -23,6 +23,7 @@ from app.generations.errors import (
 )
 from app.generations.prompts import Prompt
 from app.providers.base import ChatRequest
+from app.providers.openai_compat import WEB_SEARCH_OPTIONS
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 
@@ -66,17 +67,28 @@ def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
 
 
 def forwarded_surcharges(request: ChatRequest, model: Model) -> Surcharges:
-    """Return the service tier a chat request asks for, when its model's routes forward it.
+    """Return the tier and web search a chat request asks for, where its routes forward them.
 
-    ``service_tier`` is no field of the contract: it reaches an upstream only as an extra
-    parameter that the model's catalog entry lets through.
+    ``service_tier`` and ``web_search_options`` are no fields of the contract: they reach
+    an upstream only as extra parameters that the model's catalog entry lets through. A
+    search model searches once for a request with ``web_search_options``: one call of
+    ``web_search``.
     """
-    tier = request.extra.get("service_tier")
-    if type(tier) is not str or not any(
-        "service_tier" in route.target.extra_params for route in model.routes
-    ):
+    extra = request.extra
+    if not extra:
         return NO_SURCHARGES
-    return Surcharges(tier=tier)
+    tier = extra.get("service_tier")
+    if type(tier) is not str or not _forwarded("service_tier", model):
+        tier = None
+    searches = WEB_SEARCH_OPTIONS in extra and _forwarded(WEB_SEARCH_OPTIONS, model)
+    if tier is None and not searches:
+        return NO_SURCHARGES
+    calls = {"web_search": 1} if searches else {}
+    return Surcharges(tier=tier, tool_calls=calls, tools_param=WEB_SEARCH_OPTIONS)
+
+
+def _forwarded(param: str, model: Model) -> bool:
+    return any(param in route.target.extra_params for route in model.routes)
 
 
 def check_surcharges(surcharges: Surcharges, model: Model) -> None:
@@ -95,7 +107,7 @@ def check_surcharges(surcharges: Surcharges, model: Model) -> None:
             raise UnpricedSurcharge(
                 f"The hosted tool {tool!r} is not offered for model '{model.id}' "
                 f"(its priced tools: {priced}).",
-                param="tools",
+                param=surcharges.tools_param,
             )
 
 

@@ -16,6 +16,7 @@ Which stop sequence ended an answer is known only from an upstream that says so
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from operator import itemgetter
 from typing import Any
 
@@ -51,10 +52,11 @@ OUTPUT_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 DEFAULT_OUTPUT_LIMIT_FIELD = "max_tokens"
 
 
-def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
+def usage_from(raw: dict[str, Any], tier: Any = None, calls: dict[str, int] | None = None) -> Usage:
     """Read an OpenAI-shaped usage object (with DeepSeek's cache-hit count as a fallback).
 
-    ``tier`` is the ``service_tier`` the answer says it was served in, when it says one.
+    ``tier`` is the ``service_tier`` the answer says it was served in, when it says one;
+    ``calls`` the hosted tools' calls the answer made, which the usage does not count.
     """
     prompt_details = raw.get("prompt_tokens_details") or {}
     completion_details = raw.get("completion_tokens_details") or {}
@@ -70,7 +72,21 @@ def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
         prompt_image_tokens=min(as_count(prompt_details.get("image_tokens")), prompt - cached),
         reasoning_tokens=as_count(completion_details.get("reasoning_tokens")),
         service_tier=tier if type(tier) is str else None,
+        tool_calls=calls,
     )
+
+
+# The field that makes an OpenAI search model search the web (gpt-4o-search-preview and
+# the like): it searches once for each request that has it, a call of ``web_search``.
+WEB_SEARCH_OPTIONS = "web_search_options"
+ONE_SEARCH = {"web_search": 1}
+
+
+def searches_of(request: ChatRequest, target: RouteTarget) -> dict[str, int] | None:
+    """Return the web search calls that ``request`` makes on ``target``: one, or none."""
+    if WEB_SEARCH_OPTIONS in request.extra and WEB_SEARCH_OPTIONS in target.extra_params:
+        return dict(ONE_SEARCH)
+    return None
 
 
 def public_fields(message: dict[str, Any]) -> dict[str, Any]:
@@ -198,9 +214,11 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         choices = [choice_from(choice) for choice in raw_choices]
         raw_usage = body.get("usage")
         if isinstance(raw_usage, dict) and as_count(raw_usage.get("total_tokens")):
-            usage = usage_from(raw_usage, body.get("service_tier"))
+            usage = usage_from(raw_usage, body.get("service_tier"), searches_of(request, target))
         else:
             usage = self.estimate_usage(request, target, choices)
+            if calls := searches_of(request, target):
+                usage = replace(usage, tool_calls=calls)
         fingerprint = body.get("system_fingerprint")
         if not isinstance(fingerprint, str):
             fingerprint = self.fingerprint(target)
@@ -210,7 +228,9 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the upstream's chunks as they arrive, then its usage if it sent one."""
         response = self.call(request, target)
-        relay = StreamRelay(self.fingerprint(target), stop_sequences(request))
+        relay = StreamRelay(
+            self.fingerprint(target), stop_sequences(request), searches_of(request, target)
+        )
         complete = False
         try:
             # Each event is relayed by a call, not in this loop's body, whose variables
@@ -270,8 +290,15 @@ class StreamRelay:
     their upstream read has more events.
     """
 
-    def __init__(self, fingerprint: str, stops: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        fingerprint: str,
+        stops: frozenset[str] = frozenset(),
+        calls: dict[str, int] | None = None,
+    ) -> None:
         self.fingerprint = fingerprint
+        # The hosted tools' calls the answer makes, which its usage does not count.
+        self.calls = calls
         # The caller's stop sequences, one of which the upstream may say ended the answer.
         self.stops = stops
         self.usage: Usage | None = None
@@ -291,7 +318,7 @@ class StreamRelay:
             # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
             raise UpstreamError("The model's upstream failed mid-answer.")
         if isinstance(raw_usage := payload.get("usage"), dict):
-            self.usage = usage_from(raw_usage, payload.get("service_tier"))
+            self.usage = usage_from(raw_usage, payload.get("service_tier"), self.calls)
         if raw_choices := payload.get("choices"):
             # Nearly every chunk has one choice: read without a comprehension's call.
             if len(raw_choices) == 1:
