@@ -170,6 +170,8 @@ def worst_case_cost(
     )
     micro_usd = prompt_tokens * prompt_rate + completion_tokens * pricing.completion
     usd = micro_usd / PER_MILLION
+    if surcharges is NO_SURCHARGES:
+        return to_money(usd)
     if surcharges.tool_calls:
         usd += tool_calls_cost(surcharges.tool_calls, pricing.tool_calls)
     multiplier = pricing.tier_multiplier(surcharges.tier)

@@ -134,7 +134,8 @@ def start_generation(
     :raise KeyRevoked, InvalidKey: the key changed since its caller was found (place_hold).
     """
     request = fit_request_to_model(request, model)
-    check_surcharges(surcharges, model)
+    if surcharges is not NO_SURCHARGES:
+        check_surcharges(surcharges, model)
     prompt = prompt or TranslatedPrompt(request, model.routes[0])
     prompt_tokens, exact = prompt.bound(), False
     if prompt_tokens > model.context_length:
@@ -431,7 +432,9 @@ def generation_record(
 ) -> BoundStatement:
     """Return the INSERT of the generation's record; the ledger fills in its cost."""
     pricing = generation.model.pricing
-    tier, multiplier = priced_tier(usage.service_tier, generation.surcharges.tier, pricing)
+    tier, multiplier = None, ONE
+    if usage.service_tier is not None or generation.surcharges.tier is not None:
+        tier, multiplier = priced_tier(usage.service_tier, generation.surcharges.tier, pricing)
     return INSERT_GENERATION, {
         "id": generation.id,
         "account_id": generation.caller.account_id,
@@ -486,6 +489,8 @@ def priced_tier(
     The tier the upstream says it served in, when it says one the catalog prices; else
     the one the request asked for (which the catalog prices: it was checked before).
     """
+    if reported is None and requested is None:
+        return None, ONE
     for tier in (reported, requested):
         if tier is not None and (multiplier := pricing.tier_multiplier(tier)) is not None:
             return tier, multiplier

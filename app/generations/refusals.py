@@ -5,10 +5,9 @@ Checked before anything is held or run; each refusal says what to change.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal
+from typing import Any
 
 from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
 from app.catalog.pricing import NO_SURCHARGES, Surcharges, affordable_completion_tokens
@@ -93,6 +92,8 @@ def _forwarded(param: str, model: Model) -> bool:
 
 def check_surcharges(surcharges: Surcharges, model: Model) -> None:
     """Refuse a service tier or hosted tool that the model's catalog entry does not price."""
+    if surcharges is NO_SURCHARGES:
+        return
     pricing = model.pricing
     if pricing.tier_multiplier(surcharges.tier) is None:
         priced = ", ".join(sorted(pricing.tiers)) or "none beyond the default"
@@ -180,11 +181,21 @@ def _budget_refusal(shortfall: BudgetShortfall, affordable: int) -> Insufficient
     return InsufficientCredits(message + f" Raise {raised} or wait for {next_window}.")
 
 
-@contextmanager
-def output_field_named(output_field: str) -> Iterator[None]:
-    """Name the output cap in a refusal raised inside as the door's ``output_field``."""
-    try:
-        yield
-    except InsufficientCredits as refusal:
-        refusal.name_output_field(output_field)
-        raise
+class output_field_named:
+    """Name the output cap in a refusal raised inside as the door's ``output_field``.
+
+    A class rather than a generator: it is entered by every request.
+    """
+
+    __slots__ = ("output_field",)
+
+    def __init__(self, output_field: str) -> None:
+        self.output_field = output_field
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        if isinstance(error, InsufficientCredits):
+            error.name_output_field(self.output_field)
+        return False

@@ -134,21 +134,29 @@ def delta_choice_from(raw: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
+NO_STOPS: frozenset[str] = frozenset()
+
+
 def stop_sequences(request: ChatRequest) -> frozenset[str]:
     """Return the caller's ``stop`` sequences."""
     stop = request.params.get("stop")
-    return frozenset([stop] if isinstance(stop, str) else stop or ())
+    if not stop:
+        return NO_STOPS
+    return frozenset([stop] if isinstance(stop, str) else stop)
 
 
 def matched_stop(raw: dict[str, Any], stops: frozenset[str]) -> str | None:
     """Return the caller's stop sequence an upstream's first choice says it ended on.
 
-    vLLM's ``stop_reason`` names the stop string (or token id) that ended a choice.
+    vLLM's ``stop_reason`` names the stop string (or token id) that ended a choice; OpenAI
+    sends none, and most requests have no stop sequence: both are answered first.
     """
-    stop = raw.get("stop_reason")
-    if raw.get("index", 0) != 0 or raw.get("finish_reason") != "stop":
+    if not stops:
         return None
-    return stop if isinstance(stop, str) and stop in stops else None
+    stop = raw.get("stop_reason")
+    if type(stop) is not str or raw.get("index", 0) != 0 or raw.get("finish_reason") != "stop":
+        return None
+    return stop if stop in stops else None
 
 
 def generated_texts(choices: list[dict[str, Any]]) -> Iterator[tuple[str, str | None]]:

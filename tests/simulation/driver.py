@@ -54,7 +54,6 @@ from app.generations import idempotency, prompts, retention
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
 from app.generations.lifecycle import Generation, relay_generation
-from app.generations.metering import DeliveryMeter
 from app.generations.models import CHAT, MESSAGES, RESPONSES
 from app.generations.models import Generation as GenerationRecord
 from app.messages import native
@@ -503,9 +502,7 @@ def start_native(
 def relay_whole(generation: Generation, body: dict[str, Any]) -> dict[str, Any]:
     """Pass a whole request through; return the Message its caller is answered."""
     call = native.native_call(body, generation, {}, stream=False)
-    answer, usage, cost = relay_generation(
-        generation, call, native.whole_outcome(DeliveryMeter(generation))
-    )
+    answer, usage, cost = relay_generation(generation, call, native.whole_outcome(generation))
     return native.answered(answer.decoded, generation, cost, usage)
 
 
