@@ -175,6 +175,8 @@ class SimRequest:
     # beyond tokens (its web searches).
     body: dict[str, Any] | None = None
     surcharges: Any = None
+    # The service tier a request passed through asks for (None: the upstream's standard).
+    tier: str | None = None
     # The prompt tokens its hold was sized by: the prompt's bound, or its count when the
     # bound did not fit. An estimate of its usage never counts the prompt lower.
     held_prompt: int = 0
@@ -212,6 +214,8 @@ class Simulation:
         # What the passed-through requests' bodies and upstream answer hold is drawn from
         # a generator of its own, so that they leave the rest of the schedule as it was.
         self.native_random = random.Random(f"passed through {seed}")
+        # Apart, so that the tiers drawn change none of the other draws.
+        self.tier_random = random.Random(f"tiers {seed}")
         self.ttl = int(app.config["HOLD_TTL_SECONDS"])
         self.read_timeout = self.adapter.upstream.read_timeout
         self.sweep_every = driver.sweep_period(self.ttl)
@@ -412,12 +416,14 @@ class Simulation:
         draw = self.native_random
         request.api, request.stream, request.model = "native", False, self.native_model
         searches = draw.randint(1, 3)
+        request.tier = "priority" if self.tier_random.random() < 0.4 else None
         request.body = driver.native_body(
             request.number,
             request.model,
             max_tokens=request.max_tokens,
             found=draw.randint(20, 600),
             searches=searches,
+            tier=request.tier,
         )
         counted, request.surcharges = driver.native_terms(request.body, request.model)
         script = request.script
@@ -1021,6 +1027,7 @@ class Simulation:
             cache_write_tokens=split.write_5m + split.write_1h,
             cache_write_1h_tokens=split.write_1h,
             tool_calls={"web_search": split.web_searches} if split.web_searches else None,
+            service_tier=request.tier or "standard",
         )
 
     def check_settlement(
