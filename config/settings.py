@@ -53,8 +53,9 @@ class Config:
     # Days raw generation records are kept; None keeps them forever. Older ones are
     # pruned by every worker's sweeper; the ledger and the usage rollups stay.
     GENERATION_RETENTION_DAYS: int | None = None
-    # How often a worker records what its streams delivered (one UPDATE for all of them):
-    # at most this much of a stream's text goes unbilled if the worker is killed.
+    # How often a worker records what its streams delivered (one UPDATE for all of them).
+    # A killed worker's stream is billed from its last record: at it once the upstream
+    # had ended the generation, else at the most the request could produce.
     STREAM_PROGRESS_SECONDS = 1.0
     JSON_SORT_KEYS = False
     # Whether the dashboard lets anyone sign up; when "closed", operators invite.

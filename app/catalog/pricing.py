@@ -101,6 +101,8 @@ class Surcharges:
 
     tier: str | None = None
     tool_calls: Mapping[str, int] = field(default_factory=dict)
+    # The request's field that asks for the tools, named in a refusal.
+    tools_param: str = "tools"
 
 
 NO_SURCHARGES = Surcharges()
@@ -168,6 +170,8 @@ def worst_case_cost(
     )
     micro_usd = prompt_tokens * prompt_rate + completion_tokens * pricing.completion
     usd = micro_usd / PER_MILLION
+    if surcharges is NO_SURCHARGES:
+        return to_money(usd)
     if surcharges.tool_calls:
         usd += tool_calls_cost(surcharges.tool_calls, pricing.tool_calls)
     multiplier = pricing.tier_multiplier(surcharges.tier)

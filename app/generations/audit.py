@@ -309,7 +309,9 @@ def _generation_problems(generation: Generation, charged: Decimal) -> Iterator[M
         yield Estimated(
             subject,
             f"charged ${generation.cost:f} for {generation.completion_tokens} completion "
-            "tokens, as its stream last recorded: its worker stopped before the stream ended",
+            "tokens, estimated from its stream's last recorded progress (at the most its "
+            "request could use, when the upstream had not ended it): its worker stopped "
+            "before the stream ended",
             account_id,
         )
     usage, pricing = recorded_usage(

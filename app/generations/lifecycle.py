@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -34,6 +34,7 @@ from app.credits.ledger import (
     Shortfall,
     hour_of,
     place_hold,
+    record_progress,
     settle_hold,
 )
 from app.database import BoundStatement, utcnow
@@ -97,6 +98,8 @@ class Generation:
     trace: RequestTrace = field(default_factory=current_trace)
     # While it streams: what it delivered, which the worker records as its progress.
     meter: Meter | None = None
+    # Whether its progress was recorded before its stream's first output went out.
+    progress_recorded: bool = False
     # The front door it came in by (generations.models: CHAT, RESPONSES, MESSAGES, ...).
     api: str = CHAT
     # What it asked for that is billed beyond tokens: a service tier, hosted tools.
@@ -138,7 +141,8 @@ def start_generation(
     :raise KeyRevoked, InvalidKey: the key changed since its caller was found (place_hold).
     """
     request = fit_request_to_model(request, model)
-    check_surcharges(surcharges, model)
+    if surcharges is not NO_SURCHARGES:
+        check_surcharges(surcharges, model)
     prompt = prompt or TranslatedPrompt(request, model.routes[0])
     prompt_tokens, exact = prompt.bound(), False
     if prompt_tokens > model.context_length and not context_checked:
@@ -285,8 +289,9 @@ def stream_generation(generation: Generation) -> Iterator[StreamItem]:
             if chunk.usage is not None:
                 meter.usage = chunk.usage
             if chunk.choices:
-                if trace.first_token_seconds is None:
+                if not generation.progress_recorded:
                     trace.note_first_token()
+                    record_progress_before_output(generation)
                 meter.observe(chunk)
                 yield chunk
             if not chunk.more:
@@ -370,6 +375,8 @@ def relay_stream(generation: Generation, call: NativeCall, meter: RelayMeter) ->
         for data in reads:
             if meter.observe(data):
                 generation.trace.note_first_token()
+            if not generation.progress_recorded:
+                record_progress_before_output(generation)
             yield data
             yield None
         status = COMPLETED
@@ -379,6 +386,18 @@ def relay_stream(generation: Generation, call: NativeCall, meter: RelayMeter) ->
         raise
     finally:
         _close_stream(generation, meter, reads, status)
+
+
+def record_progress_before_output(generation: Generation) -> None:
+    """Record the stream's progress before its first output goes out, once.
+
+    The worker records its streams' progress about once a second; a worker killed in a
+    stream's first second would otherwise leave a hold with none, released unbilled
+    although output went out. Recorded here, the hold is settled if the worker dies
+    (``settle_interrupted``).
+    """
+    generation.progress_recorded = True
+    record_progress([(generation.hold.id, progress_of(generation, always=True))])
 
 
 def _end_stream(generation: Generation, meter: Meter) -> StreamEnd:
@@ -436,7 +455,9 @@ def generation_record(
 ) -> BoundStatement:
     """Return the INSERT of the generation's record; the ledger fills in its cost."""
     pricing = generation.model.pricing
-    tier, multiplier = priced_tier(usage.service_tier, generation.surcharges.tier, pricing)
+    tier, multiplier = None, ONE
+    if usage.service_tier is not None or generation.surcharges.tier is not None:
+        tier, multiplier = priced_tier(usage.service_tier, generation.surcharges.tier, pricing)
     return INSERT_GENERATION, {
         "id": generation.id,
         "account_id": generation.caller.account_id,
@@ -491,6 +512,8 @@ def priced_tier(
     The tier the upstream says it served in, when it says one the catalog prices; else
     the one the request asked for (which the catalog prices: it was checked before).
     """
+    if reported is None and requested is None:
+        return None, ONE
     for tier in (reported, requested):
         if tier is not None and (multiplier := pricing.tier_multiplier(tier)) is not None:
             return tier, multiplier
@@ -511,35 +534,80 @@ def priced_calls(calls: Mapping[str, int], pricing: Pricing) -> dict[str, dict[s
     }
 
 
-def progress_of(generation: Generation) -> dict[str, Any] | None:
+def progress_of(generation: Generation, *, always: bool = False) -> dict[str, Any] | None:
     """Return the record of what the streaming ``generation`` delivered so far, as JSON.
 
     None when nothing was delivered, and no usage came, since its progress was last
-    taken. Kept with its hold (``ledger.record_progress``), it is what the hold is settled
-    at if the worker dies before the stream ends (``settle_interrupted``): the upstream's
-    usage too, once it came.
+    taken (unless ``always``). Kept with its hold (``ledger.record_progress``), it is what
+    the hold is settled at if the worker dies before the stream ends
+    (``settle_interrupted``): the upstream's usage too, once it came. It also says whether
+    the upstream had ended the generation, and the most the request could use (its
+    ``limits``) for when it had not.
     """
     meter = generation.meter
-    if meter is None or generation.settled or not meter.changed_since_counted:
+    if meter is None or generation.settled or not (always or meter.changed_since_counted):
         return None
     usage = meter.usage_so_far()
+    if meter.usage is not None and not usage.total_tokens:
+        # Nothing delivered yet, but the upstream counted the prompt it read.
+        usage = replace(meter.usage, estimated=True)
     _, record = generation_record(generation, usage, INTERRUPTED, None)
     for name in ("id", "account_id", "api_key_id"):
         del record[name]
     for name in _PRICES:
         record[name] = str(record[name])
     record["created_at"] = record["created_at"].isoformat()
+    record["ended"] = meter.ended
+    record["limits"] = _limits_of(generation)
     return record
 
 
-def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
-    """Settle the hold of a stream whose worker died, at its last recorded progress.
+def _limits_of(generation: Generation) -> dict[str, Any]:
+    """Return the most ``generation`` can use: its hold's prompt count, output and calls."""
+    request, model = generation.request, generation.model
+    calls = generation.surcharges.tool_calls
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": (request.max_output_tokens or model.max_output_tokens)
+        * request.choice_count,
+        "tool_calls": priced_calls(calls, model.pricing) if calls else None,
+    }
 
-    The record says the generation was interrupted, its usage estimated.
+
+def at_most_it_could_use(record: dict[str, Any], limits: Mapping[str, Any]) -> None:
+    """Raise a dead worker's stream's recorded usage to the most its request could use.
+
+    What went out after its progress was last recorded is unknown: its output may have
+    reached the request's limit, its hosted tools the calls its hold covered. The prompt
+    is the upstream's count where it reported one, else the hold's.
+    """
+    record["prompt_tokens"] = record["prompt_tokens"] or limits["prompt_tokens"]
+    record["completion_tokens"] = max(record["completion_tokens"], limits["completion_tokens"])
+    calls = dict(record.get("tool_calls") or {})
+    for tool, line in (limits.get("tool_calls") or {}).items():
+        if line["calls"] > calls.get(tool, {}).get("calls", 0):
+            calls[tool] = line
+    record["tool_calls"] = calls or None
+    record["estimated"] = True
+
+
+def settle_interrupted(hold: HeldCredit, progress: dict[str, Any]) -> Decimal:
+    """Settle the hold of a stream whose worker died, from its last recorded progress.
+
+    At that progress once the upstream had ended the generation: nothing more can have
+    gone out. Before that, what went out since the progress was recorded died with the
+    worker, and no smaller figure can be proven: the usage is raised to the most the
+    request could use (``at_most_it_could_use``), so that a charge never counts less
+    than was delivered. The record says the generation was interrupted, its usage
+    estimated.
     """
     # Progress recorded before 1-hour cache writes and tiers were priced names neither.
     earlier = {"price_cache_write_1h": progress["price_cache_write"], "tier_multiplier": "1"}
     record = {**earlier, **progress, "created_at": datetime.fromisoformat(progress["created_at"])}
+    # Progress recorded before limits were kept says neither; it is settled as it says.
+    ended, limits = record.pop("ended", True), record.pop("limits", None)
+    if limits is not None and not ended:
+        at_most_it_could_use(record, limits)
     record.update({name: Decimal(record[name]) for name in _PRICES})
     record.update(id=hold.id, account_id=hold.account_id, api_key_id=hold.key_id)
     usage, pricing = recorded_usage(record)

@@ -8,6 +8,11 @@ An estimate never counts less than was sent and delivered: the prompt as the hol
 counted it (an upper bound, unless the prompt had to be tokenized to fit), the delivered
 text by the route's tokenizer rounded up, and the upstream's own usage wherever it came
 before the estimate is taken (a stream's worker killed as it ended is billed at it).
+
+What a worker delivered since it last recorded its progress is lost with it, so a
+dead worker's stream is billed from its progress only once the upstream had ended the
+generation (``ended``): nothing can have been delivered since. Before that, it is billed
+at the most the request could produce (app.generations.lifecycle.settle_interrupted).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class Meter(Protocol):
     finish_reason: str | None
     # Whether the upstream said in the stream itself that the generation failed.
     failed: bool
+    # Whether the upstream ended the generation: no more output can follow.
+    ended: bool
 
     @property
     def changed_since_counted(self) -> bool:
@@ -80,6 +87,7 @@ class DeliveryMeter:
         self.complete = False
         self.finish_reason: str | None = None
         self.failed = False
+        self.ended = False
         # Delivered text not counted yet; then what the counted pieces came to.
         self._pieces: list[str] = []
         self._delivered_tokens = 0
@@ -94,6 +102,11 @@ class DeliveryMeter:
     def usage(self, usage: Usage | None) -> None:
         if usage != self._usage:
             self._usage, self._usage_changed = usage, True
+
+    def end_generation(self) -> None:
+        """Note that the upstream ended the generation; its progress is recorded again."""
+        if not self.ended:
+            self.ended = self._usage_changed = True
 
     def deliver(self, text: str) -> None:
         """Remember a piece of generated text that went out, to count if it must be."""
@@ -149,6 +162,12 @@ class DeliveryMeter:
 class StreamMeter(DeliveryMeter):
     """Counts what a stream of the core's normalized chunks delivered."""
 
+    def __init__(self, generation: Metered) -> None:
+        super().__init__(generation)
+        self._choices = generation.request.choice_count
+        # The choices the upstream finished: the generation ended once all of them were.
+        self._finished: set[Any] = set()
+
     def observe(self, chunk: Chunk) -> None:
         """Remember the generated text and finish reason of a delivered chunk."""
         pieces = self._pieces
@@ -161,8 +180,15 @@ class StreamMeter(DeliveryMeter):
                 pieces.append(text)
             if "tool_calls" in delta:
                 self._observe_calls(delta["tool_calls"] or ())
-            if self.finish_reason is None and choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            if choice.get("finish_reason"):
+                self._finish(choice)
+
+    def _finish(self, choice: dict[str, Any]) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = choice["finish_reason"]
+        self._finished.add(choice.get("index", 0))
+        if len(self._finished) >= self._choices:
+            self.end_generation()
 
     def _observe_calls(self, calls: list[dict[str, Any]]) -> None:
         for call in calls:

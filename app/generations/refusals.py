@@ -5,10 +5,9 @@ Checked before anything is held or run; each refusal says what to change.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal
+from typing import Any
 
 from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
 from app.catalog.pricing import NO_SURCHARGES, Surcharges, affordable_completion_tokens
@@ -23,6 +22,7 @@ from app.generations.errors import (
 )
 from app.generations.prompts import Prompt
 from app.providers.base import ChatRequest, EmbeddingRequest, PromptContent
+from app.providers.openai_compat import WEB_SEARCH_OPTIONS
 
 TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")
 
@@ -91,21 +91,34 @@ def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:
 
 
 def forwarded_surcharges(request: ChatRequest, model: Model) -> Surcharges:
-    """Return the service tier a chat request asks for, when its model's routes forward it.
+    """Return the tier and web search a chat request asks for, where its routes forward them.
 
-    ``service_tier`` is no field of the contract: it reaches an upstream only as an extra
-    parameter that the model's catalog entry lets through.
+    ``service_tier`` and ``web_search_options`` are no fields of the contract: they reach
+    an upstream only as extra parameters that the model's catalog entry lets through. A
+    search model searches once for a request with ``web_search_options``: one call of
+    ``web_search``.
     """
-    tier = request.extra.get("service_tier")
-    if type(tier) is not str or not any(
-        "service_tier" in route.target.extra_params for route in model.routes
-    ):
+    extra = request.extra
+    if not extra:
         return NO_SURCHARGES
-    return Surcharges(tier=tier)
+    tier = extra.get("service_tier")
+    if type(tier) is not str or not _forwarded("service_tier", model):
+        tier = None
+    searches = WEB_SEARCH_OPTIONS in extra and _forwarded(WEB_SEARCH_OPTIONS, model)
+    if tier is None and not searches:
+        return NO_SURCHARGES
+    calls = {"web_search": 1} if searches else {}
+    return Surcharges(tier=tier, tool_calls=calls, tools_param=WEB_SEARCH_OPTIONS)
+
+
+def _forwarded(param: str, model: Model) -> bool:
+    return any(param in route.target.extra_params for route in model.routes)
 
 
 def check_surcharges(surcharges: Surcharges, model: Model) -> None:
     """Refuse a service tier or hosted tool that the model's catalog entry does not price."""
+    if surcharges is NO_SURCHARGES:
+        return
     pricing = model.pricing
     if pricing.tier_multiplier(surcharges.tier) is None:
         priced = ", ".join(sorted(pricing.tiers)) or "none beyond the default"
@@ -120,7 +133,7 @@ def check_surcharges(surcharges: Surcharges, model: Model) -> None:
             raise UnpricedSurcharge(
                 f"The hosted tool {tool!r} is not offered for model '{model.id}' "
                 f"(its priced tools: {priced}).",
-                param="tools",
+                param=surcharges.tools_param,
             )
 
 
@@ -198,11 +211,21 @@ def _budget_refusal(shortfall: BudgetShortfall, affordable: int) -> Insufficient
     return InsufficientCredits(message + f" Raise {raised} or wait for {next_window}.")
 
 
-@contextmanager
-def output_field_named(output_field: str) -> Iterator[None]:
-    """Name the output cap in a refusal raised inside as the door's ``output_field``."""
-    try:
-        yield
-    except InsufficientCredits as refusal:
-        refusal.name_output_field(output_field)
-        raise
+class output_field_named:
+    """Name the output cap in a refusal raised inside as the door's ``output_field``.
+
+    A class rather than a generator: it is entered by every request.
+    """
+
+    __slots__ = ("output_field",)
+
+    def __init__(self, output_field: str) -> None:
+        self.output_field = output_field
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        if isinstance(error, InsufficientCredits):
+            error.name_output_field(self.output_field)
+        return False

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
-from app.catalog.pricing import Surcharges, calls_held
+from app.catalog.pricing import NO_SURCHARGES, Surcharges, calls_held
 from app.catalog.registry import Model
 from app.encoding import dumps
 from app.generations.errors import UncountableContent
 from app.generations.lifecycle import Generation, StreamEnd
-from app.generations.metering import DeliveryMeter, Outcome
+from app.generations.metering import DeliveryMeter, Metered, Outcome
 from app.generations.models import MESSAGES
 from app.generations.prompts import IMAGE, OPAQUE, BodyShape, image, opaque
 from app.messages.bodies import MESSAGE_STOP, MESSAGES_FRAMING, usage_body
@@ -80,6 +80,8 @@ def surcharges_of(body: dict[str, Any]) -> Surcharges:
     if body.get("container") or "code_execution" in calls:
         calls["container"] = 1
     tier = body.get("service_tier")
+    if not calls and type(tier) is not str:
+        return NO_SURCHARGES
     return Surcharges(tier=tier if type(tier) is str else None, tool_calls=calls)
 
 
@@ -179,12 +181,12 @@ def capped_thinking(thinking: Any, max_tokens: int) -> Any:
     return {**thinking, "budget_tokens": max(max_tokens - 1, MIN_THINKING_BUDGET)}
 
 
-def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
+def whole_outcome(generation: Metered) -> Callable[[dict[str, Any]], Outcome]:
     """Return how a whole Message is read: its usage, and why it stopped.
 
     The usage counts cache reads and writes in the prompt; the server tools it called are
     those its usage counts and its blocks show. A Message without its usage is billed at
-    an estimate (``meter.answer_usage``): the prompt as its hold counted it, the content
+    an estimate (``DeliveryMeter.answer_usage``): the prompt as its hold counted it, the content
     it generated counted.
     """
 
@@ -195,6 +197,7 @@ def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
         if type(usage) is dict and type(usage.get("input_tokens")) is int:
             calls = counted_calls(response.get("content"), response.get("container"))
             return Outcome(usage_from(usage, counted=calls), finish_reason)
+        meter = DeliveryMeter(generation)
         for text in output_texts(response.get("content")):
             meter.deliver(text)
         return Outcome(meter.answer_usage(), finish_reason)
@@ -275,6 +278,8 @@ class RelayedStream(DeliveryMeter):
             if type(delta.get("container")) is dict:
                 self.calls["container"] = 1
             self.take_usage(payload.get("usage"))
+            if kind == "message_delta":
+                self.end_generation()
             reason = delta.get("stop_reason")
             if reason:
                 self.finish_reason = FINISH_REASONS.get(reason, "stop")

@@ -19,7 +19,6 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
-from app.generations.metering import DeliveryMeter
 from app.generations.models import MESSAGES
 from app.generations.prompts import TranslatedPrompt, sent_prompt
 from app.generations.refusals import output_field_named
@@ -88,9 +87,7 @@ def relayed_message(generation: Generation, body: dict, *, stream: bool) -> Resp
         relayed = RelayedStream(generation)
         events = relayed.events(relay_stream(generation, call, relayed))
         return event_stream_response(events, relayed.framing())
-    answer, usage, cost = relay_generation(
-        generation, call, whole_outcome(DeliveryMeter(generation))
-    )
+    answer, usage, cost = relay_generation(generation, call, whole_outcome(generation))
     body = answered(answer.decoded, generation, cost, usage)
     return Response(dumps(body), mimetype="application/json")
 

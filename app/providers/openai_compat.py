@@ -21,6 +21,7 @@ Which stop sequence ended an answer is known only from an upstream that says so
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from operator import itemgetter
 from typing import Any
 
@@ -61,10 +62,11 @@ DEFAULT_OUTPUT_LIMIT_FIELD = "max_tokens"
 EMBEDDINGS_FORMATS = ("base64", "float")
 
 
-def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
+def usage_from(raw: dict[str, Any], tier: Any = None, calls: dict[str, int] | None = None) -> Usage:
     """Read an OpenAI-shaped usage object (with DeepSeek's cache-hit count as a fallback).
 
-    ``tier`` is the ``service_tier`` the answer says it was served in, when it says one.
+    ``tier`` is the ``service_tier`` the answer says it was served in, when it says one;
+    ``calls`` the hosted tools' calls the answer made, which the usage does not count.
     """
     prompt_details = raw.get("prompt_tokens_details") or {}
     completion_details = raw.get("completion_tokens_details") or {}
@@ -80,7 +82,21 @@ def usage_from(raw: dict[str, Any], tier: Any = None) -> Usage:
         prompt_image_tokens=min(as_count(prompt_details.get("image_tokens")), prompt - cached),
         reasoning_tokens=as_count(completion_details.get("reasoning_tokens")),
         service_tier=tier if type(tier) is str else None,
+        tool_calls=calls,
     )
+
+
+# The field that makes an OpenAI search model search the web (gpt-4o-search-preview and
+# the like): it searches once for each request that has it, a call of ``web_search``.
+WEB_SEARCH_OPTIONS = "web_search_options"
+ONE_SEARCH = {"web_search": 1}
+
+
+def searches_of(request: ChatRequest, target: RouteTarget) -> dict[str, int] | None:
+    """Return the web search calls that ``request`` makes on ``target``: one, or none."""
+    if WEB_SEARCH_OPTIONS in request.extra and WEB_SEARCH_OPTIONS in target.extra_params:
+        return dict(ONE_SEARCH)
+    return None
 
 
 def public_fields(message: dict[str, Any]) -> dict[str, Any]:
@@ -128,21 +144,29 @@ def delta_choice_from(raw: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
+NO_STOPS: frozenset[str] = frozenset()
+
+
 def stop_sequences(request: ChatRequest) -> frozenset[str]:
     """Return the caller's ``stop`` sequences."""
     stop = request.params.get("stop")
-    return frozenset([stop] if isinstance(stop, str) else stop or ())
+    if not stop:
+        return NO_STOPS
+    return frozenset([stop] if isinstance(stop, str) else stop)
 
 
 def matched_stop(raw: dict[str, Any], stops: frozenset[str]) -> str | None:
     """Return the caller's stop sequence an upstream's first choice says it ended on.
 
-    vLLM's ``stop_reason`` names the stop string (or token id) that ended a choice.
+    vLLM's ``stop_reason`` names the stop string (or token id) that ended a choice; OpenAI
+    sends none, and most requests have no stop sequence: both are answered first.
     """
-    stop = raw.get("stop_reason")
-    if raw.get("index", 0) != 0 or raw.get("finish_reason") != "stop":
+    if not stops:
         return None
-    return stop if isinstance(stop, str) and stop in stops else None
+    stop = raw.get("stop_reason")
+    if type(stop) is not str or raw.get("index", 0) != 0 or raw.get("finish_reason") != "stop":
+        return None
+    return stop if stop in stops else None
 
 
 def generated_texts(choices: list[dict[str, Any]]) -> Iterator[tuple[str, str | None]]:
@@ -214,9 +238,11 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
         choices = [choice_from(choice) for choice in raw_choices]
         raw_usage = body.get("usage")
         if isinstance(raw_usage, dict) and as_count(raw_usage.get("total_tokens")):
-            usage = usage_from(raw_usage, body.get("service_tier"))
+            usage = usage_from(raw_usage, body.get("service_tier"), searches_of(request, target))
         else:
             usage = self.estimate_usage(request, target, choices)
+            if calls := searches_of(request, target):
+                usage = replace(usage, tool_calls=calls)
         fingerprint = body.get("system_fingerprint")
         if not isinstance(fingerprint, str):
             fingerprint = self.fingerprint(target)
@@ -226,7 +252,9 @@ class OpenAICompatAdapter(HttpUpstreamAdapter):
     def stream(self, request: ChatRequest, target: RouteTarget) -> Iterator[Chunk]:
         """Relay the upstream's chunks as they arrive, then its usage if it sent one."""
         response = self.call(request, target)
-        relay = StreamRelay(self.fingerprint(target), stop_sequences(request))
+        relay = StreamRelay(
+            self.fingerprint(target), stop_sequences(request), searches_of(request, target)
+        )
         complete = False
         try:
             # Each event is relayed by a call, not in this loop's body, whose variables
@@ -338,8 +366,15 @@ class StreamRelay:
     their upstream read has more events.
     """
 
-    def __init__(self, fingerprint: str, stops: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        fingerprint: str,
+        stops: frozenset[str] = frozenset(),
+        calls: dict[str, int] | None = None,
+    ) -> None:
         self.fingerprint = fingerprint
+        # The hosted tools' calls the answer makes, which its usage does not count.
+        self.calls = calls
         # The caller's stop sequences, one of which the upstream may say ended the answer.
         self.stops = stops
         self.usage: Usage | None = None
@@ -359,7 +394,7 @@ class StreamRelay:
             # OpenRouter and vLLM report a failure mid-stream as an event carrying ``error``.
             raise UpstreamError("The model's upstream failed mid-answer.")
         if isinstance(raw_usage := payload.get("usage"), dict):
-            self.usage = usage_from(raw_usage, payload.get("service_tier"))
+            self.usage = usage_from(raw_usage, payload.get("service_tier"), self.calls)
         if raw_choices := payload.get("choices"):
             # Nearly every chunk has one choice: read without a comprehension's call.
             if len(raw_choices) == 1:

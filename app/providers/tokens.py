@@ -253,10 +253,13 @@ def content_token_bound(
     low_detail_image_tokens: int | None = LOW_DETAIL_IMAGE_TOKENS,
 ) -> int:
     """Return an upper bound of ``count_content``, without tokenizing: the texts' UTF-8 size."""
-    images = content_image_tokens(
-        content, image_tokens=image_tokens, low_detail_image_tokens=low_detail_image_tokens
-    )
-    return images + sum(map(utf8_size, content.texts))
+    images = 0
+    if content.images or content.low_detail_images:
+        images = content_image_tokens(
+            content, image_tokens=image_tokens, low_detail_image_tokens=low_detail_image_tokens
+        )
+    # One string's size, not each text's: the sizes add up, and it is one call.
+    return images + utf8_size("".join(content.texts))
 
 
 def utf8_size(text: str) -> int:

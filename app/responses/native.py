@@ -33,7 +33,7 @@ from app.catalog.pricing import NO_SURCHARGES, Surcharges, calls_held
 from app.encoding import dumps_transient
 from app.errors import APIError
 from app.generations.lifecycle import Generation, StreamEnd
-from app.generations.metering import DeliveryMeter, Outcome
+from app.generations.metering import DeliveryMeter, Metered, Outcome
 from app.generations.models import RESPONSES
 from app.generations.prompts import BodyShape, image, opaque
 from app.providers.base import ChatRequest, NativeCall, Usage
@@ -97,6 +97,8 @@ def surcharges_of(body: dict[str, Any], *, passed_through: bool) -> Surcharges:
         priced = HOSTED_TOOLS.get(TOOL_VERSION.sub("", kind)) if type(kind) is str else None
         if priced is not None:
             calls[priced] = calls_held(body.get("max_tool_calls"))
+    if not calls and type(tier) is not str:
+        return NO_SURCHARGES
     return Surcharges(tier=tier if type(tier) is str else None, tool_calls=calls)
 
 
@@ -226,16 +228,17 @@ def _count(value: Any) -> int:
     return value if type(value) is int and value > 0 else 0
 
 
-def whole_outcome(meter: DeliveryMeter) -> Callable[[dict[str, Any]], Outcome]:
+def whole_outcome(generation: Metered) -> Callable[[dict[str, Any]], Outcome]:
     """Return how a whole answer is read: its usage, how it finished, whether it failed.
 
-    The usage is the upstream's, else an estimate (``meter.answer_usage``): the prompt as
+    The usage is the upstream's, else an estimate (``DeliveryMeter.answer_usage``): the prompt as
     its hold counted it, what its output comes to.
     """
 
     def outcome_of(response: dict[str, Any]) -> Outcome:
         usage = reported_usage(response)
         if usage is None:
+            meter = DeliveryMeter(generation)
             for text in output_texts(response.get("output")):
                 meter.deliver(text)
             usage = meter.answer_usage()
@@ -347,6 +350,7 @@ class RelayedStream(DeliveryMeter):
             if type(payload.get("sequence_number")) is int:
                 self.sequence = payload["sequence_number"]
             if kind in TERMINAL_EVENTS and type(payload.get("response")) is dict:
+                self.end_generation()
                 self.usage = reported_usage(payload["response"])
                 self.finish_reason = finish_reason_of(payload["response"])
                 self.terminal = payload

@@ -20,7 +20,6 @@ from app.generations.lifecycle import (
     start_generation,
     stream_generation,
 )
-from app.generations.metering import DeliveryMeter
 from app.generations.models import RESPONSES
 from app.generations.prompts import sent_prompt
 from app.generations.refusals import output_field_named
@@ -100,9 +99,7 @@ def relayed_response(turn: Turn, generation: Generation, forwarded: dict[str, An
         stream = RelayedStream(turn, generation)
         events = stream.events(relay_stream(generation, call, stream))
         return event_stream_response(events, stream.framing())
-    answer, usage, cost = relay_generation(
-        generation, call, whole_outcome(DeliveryMeter(generation))
-    )
+    answer, usage, cost = relay_generation(generation, call, whole_outcome(generation))
     body = answered_whole(turn, answer.decoded, usage, cost)
     return Response(dumps(body), mimetype="application/json")
 

@@ -67,6 +67,20 @@ max_output_tokens = 4096
 extra_params = ["service_tier"]
 pricing = {{ prompt = 0.15, completion = 0.60, tiers = {{ flex = 0.5 }} }}
 routes = [{{ upstream = "openai", model = "gpt-4o-mini-2024-07-18" }}]
+
+[[models]]
+id = "gpt-search"
+max_output_tokens = 4096
+extra_params = ["web_search_options"]
+pricing = {{ prompt = 2.5, completion = 10, tool_calls = {{ web_search = 0.025 }} }}
+routes = [{{ upstream = "openai", model = "gpt-4o-search-preview" }}]
+
+[[models]]
+id = "gpt-search-unpriced"
+max_output_tokens = 4096
+extra_params = ["web_search_options"]
+pricing = {{ prompt = 2.5, completion = 10 }}
+routes = [{{ upstream = "openai", model = "gpt-4o-search-preview" }}]
 """
 # What the Anthropic transcripts (anthropic_*_server_tools) come to at claude-priced's
 # prices: 40 input tokens at 3, 512 written for 5 minutes at 3.75, 1024 for an hour at 6,
@@ -416,3 +430,49 @@ def test_a_response_stream_cut_before_its_last_event_pays_the_hosted_calls_it_ma
     assert generation.cost >= 2 * Decimal("0.01") + Decimal("0.0025")
     assert charge.amount == -generation.cost
     assert [hold.status for hold in holds] == ["settled"] and account.reserved == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_chat_request_with_web_search_options_pays_its_search(
+    app, client, funded, scripted, runner, stream
+):
+    # A search model searches once for a request with web_search_options: one call.
+    scripted.script("/openai", Reply("openai_chat_stream" if stream else "openai_chat"))
+    options = {"search_context_size": "low"}
+
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                model="gpt-search",
+                messages=ASKED,
+                web_search_options=options,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        usage = chunks[-1].usage
+    else:
+        usage = client.chat.completions.create(
+            model="gpt-search", messages=ASKED, web_search_options=options
+        ).usage
+
+    assert scripted.exchanges[0].json["web_search_options"] == options
+    tokens = usage.prompt_tokens * Decimal("2.5") + usage.completion_tokens * 10
+    generation = charged_once(app, funded, tokens / 1_000_000 + Decimal("0.025"))
+    assert cost_in(usage) == generation.cost
+    assert generation.tool_calls == {"web_search": {"calls": 1, "price": "0.025"}}
+    audit_clean(runner, funded)
+
+
+def test_web_search_options_on_a_model_that_does_not_price_search_is_refused(
+    app, client, funded, scripted
+):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="gpt-search-unpriced", messages=ASKED, web_search_options={}
+        )
+
+    error = refused.value.body
+    assert error["param"] == "web_search_options" and error["type"] == "invalid_request_error"
+    assert "'web_search'" in error["message"] and "gpt-search-unpriced" in error["message"]
+    nothing_charged(app, funded, scripted)

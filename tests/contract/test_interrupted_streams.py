@@ -163,3 +163,35 @@ def test_a_worker_killed_before_the_usage_came_is_settled_at_no_less_than_it(
     pricing = catalog.resolve("claude-sonnet").pricing
     assert generation.cost >= cost_of(ANTHROPIC_USAGE, pricing)
     assert usage_of(generation).cached_tokens <= ANTHROPIC_USAGE.cached_tokens
+
+
+@pytest.mark.parametrize(
+    "pauses",
+    [
+        pytest.param((), id="killed-in-its-first-second"),
+        # "The", then 2.5 s (the worker records it), then the rest at once.
+        pytest.param(((4, 2.5),), id="killed-just-after-more-text"),
+    ],
+)
+def test_text_delivered_since_the_progress_was_last_recorded_is_never_unbilled(
+    app, gateway, make_funded_key, pauses
+):
+    server, upstream, catalog = gateway
+    funded = make_funded_key(Decimal("5"))
+    # All the text, then nothing: the worker is killed at once, before its next
+    # once-a-second record of what its streams delivered.
+    upstream.script("/claude", Reply("anthropic_stream_text", pauses=pauses, stall_after_events=7))
+    response, generation_id = stream_until(server, funded.key, "claude-sonnet", '"."')
+
+    generation = kill_worker_and_wait_for_settlement(app, server, response, generation_id)
+
+    # What went out after the last record cannot be known: billed as the most the
+    # request could produce, never less than what the caller received.
+    assert generation.status == "interrupted" and generation.estimated
+    assert generation.completion_tokens >= ANTHROPIC_USAGE.completion_tokens
+    assert generation.completion_tokens == 8192  # the model's output limit
+    assert generation.prompt_tokens >= ANTHROPIC_USAGE.prompt_tokens
+    pricing = catalog.resolve("claude-sonnet").pricing
+    assert generation.cost >= cost_of(ANTHROPIC_USAGE, pricing)
+    account, statuses, charges = holds_of(app, funded.account_id)
+    assert statuses == ["settled"] and [c.amount for c in charges] == [-generation.cost]

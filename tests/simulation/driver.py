@@ -54,7 +54,6 @@ from app.generations import idempotency, prompts, retention
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
 from app.generations.lifecycle import Generation, relay_generation
-from app.generations.metering import DeliveryMeter
 from app.generations.models import CHAT, MESSAGES, RESPONSES
 from app.generations.models import Generation as GenerationRecord
 from app.messages import native
@@ -291,6 +290,8 @@ NATIVE_PRICES = {
     "cache_write_1h": "1.00",
 }
 WEB_SEARCH_PRICE = Decimal("0.0002")
+# The service tiers it prices, by what every price is multiplied by; the others cost 1.
+NATIVE_TIERS = {"priority": Decimal(2)}
 
 
 def native_model(adapter: SimulatedNativeAdapter) -> Model:
@@ -303,7 +304,12 @@ def native_model(adapter: SimulatedNativeAdapter) -> Model:
         context_length=8192,
         max_output_tokens=1024,
         capabilities=frozenset(),
-        pricing=Pricing(image=Decimal(0), tool_calls={"web_search": WEB_SEARCH_PRICE}, **prices),
+        pricing=Pricing(
+            image=Decimal(0),
+            tool_calls={"web_search": WEB_SEARCH_PRICE},
+            tiers=NATIVE_TIERS,
+            **prices,
+        ),
         routes=(Route(adapter=adapter, target=target),),
     )
 
@@ -328,7 +334,9 @@ def price(usage: Usage, model: Model) -> Decimal:
         (count * rates.tool_calls[tool] for tool, count in (usage.tool_calls or {}).items()),
         Decimal(0),
     )
-    return to_money(micro_usd / PER_MILLION + calls)
+    # The tier the upstream says it served in multiplies all of it.
+    multiplier = NATIVE_TIERS.get(usage.service_tier, Decimal(1))
+    return to_money((micro_usd / PER_MILLION + calls) * multiplier)
 
 
 def worst_case(
@@ -446,12 +454,19 @@ def chat_request(number: int, model: Model, *, stream: bool, max_tokens: int) ->
 
 
 def native_body(
-    number: int, model: Model, *, max_tokens: int, found: int, searches: int
+    number: int,
+    model: Model,
+    *,
+    max_tokens: int,
+    found: int,
+    searches: int,
+    tier: str | None = None,
 ) -> dict[str, Any]:
     """The Messages body of passed-through request ``number``.
 
     Most of its prompt sits in a ``search_result`` block, which the translation does not
-    read (``found`` words of it); it offers web search, ``searches`` calls at most.
+    read (``found`` words of it); it offers web search, ``searches`` calls at most; it
+    asks for the service ``tier``, if one.
     """
     result = {
         "type": "search_result",
@@ -460,13 +475,16 @@ def native_body(
         "content": [{"type": "text", "text": words(found)}],
     }
     question = {"type": "text", "text": f"simulated request {number}"}
-    return {
+    body = {
         "model": model.id,
         "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": [result, question]}],
         "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": searches}],
         SCRIPT_FIELD: number,
     }
+    if tier is not None:
+        body["service_tier"] = tier
+    return body
 
 
 def native_terms(body: dict[str, Any], model: Model) -> tuple[int, Surcharges]:
@@ -503,9 +521,7 @@ def start_native(
 def relay_whole(generation: Generation, body: dict[str, Any]) -> dict[str, Any]:
     """Pass a whole request through; return the Message its caller is answered."""
     call = native.native_call(body, generation, {}, stream=False)
-    answer, usage, cost = relay_generation(
-        generation, call, native.whole_outcome(DeliveryMeter(generation))
-    )
+    answer, usage, cost = relay_generation(generation, call, native.whole_outcome(generation))
     return native.answered(answer.decoded, generation, cost, usage)
 
 
@@ -1106,6 +1122,16 @@ def plant_uncounted_block(monkeypatch: pytest.MonkeyPatch) -> None:
         return block.get("type") == "search_result" or counted_as_media(block, *args)
 
     monkeypatch.setattr(prompts, "counted_as_media", skipping_search_results)
+
+
+def plant_tier_priced_at_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the tiers on purpose: a generation is recorded in its tier, priced as standard."""
+    priced_tier = generations.priced_tier
+
+    def at_one(*args: Any) -> tuple[str | None, Decimal]:
+        return priced_tier(*args)[0], Decimal(1)
+
+    monkeypatch.setattr(generations, "priced_tier", at_one)
 
 
 def plant_chains_of_any_account(monkeypatch: pytest.MonkeyPatch) -> None:

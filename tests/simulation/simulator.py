@@ -161,6 +161,9 @@ class SimRequest:
     # a dead request's hold was found ended and its settlement checked.
     recorded: Usage | None = None
     recorded_delivered: int = 0
+    # Whether the upstream had ended the generation (its last chunk came) when its
+    # progress was last recorded: then nothing can have gone out since.
+    recorded_ended: bool = False
     death_checked: bool = False
     # A Responses API request: whether it is stored, the response it continues, and its
     # place in the conversation (the door's Turn).
@@ -172,6 +175,8 @@ class SimRequest:
     # beyond tokens (its web searches).
     body: dict[str, Any] | None = None
     surcharges: Any = None
+    # The service tier a request passed through asks for (None: the upstream's standard).
+    tier: str | None = None
     # The prompt tokens its hold was sized by: the prompt's bound, or its count when the
     # bound did not fit. An estimate of its usage never counts the prompt lower.
     held_prompt: int = 0
@@ -209,6 +214,8 @@ class Simulation:
         # What the passed-through requests' bodies and upstream answer hold is drawn from
         # a generator of its own, so that they leave the rest of the schedule as it was.
         self.native_random = random.Random(f"passed through {seed}")
+        # Apart, so that the tiers drawn change none of the other draws.
+        self.tier_random = random.Random(f"tiers {seed}")
         self.ttl = int(app.config["HOLD_TTL_SECONDS"])
         self.read_timeout = self.adapter.upstream.read_timeout
         self.sweep_every = driver.sweep_period(self.ttl)
@@ -409,12 +416,14 @@ class Simulation:
         draw = self.native_random
         request.api, request.stream, request.model = "native", False, self.native_model
         searches = draw.randint(1, 3)
+        request.tier = "priority" if self.tier_random.random() < 0.4 else None
         request.body = driver.native_body(
             request.number,
             request.model,
             max_tokens=request.max_tokens,
             found=draw.randint(20, 600),
             searches=searches,
+            tier=request.tier,
         )
         counted, request.surcharges = driver.native_terms(request.body, request.model)
         script = request.script
@@ -686,7 +695,12 @@ class Simulation:
 
     def received(self, request: SimRequest, send: list[dict[str, Any]], cap: Decimal) -> str:
         """Count what the caller got; a cost told means the stream has settled."""
-        request.delivered += driver.delivered_tokens(send)
+        delivered = driver.delivered_tokens(send)
+        if request.recorded is None and delivered:
+            # Recorded before its first output went out: the prompt's early count, if any.
+            early = request.script.early_prompt
+            request.recorded = Usage() if early is None else Usage(prompt_tokens=early)
+        request.delivered += delivered
         request.told_cost = driver.send_cost(send)
         if request.told_cost is not None:
             return self.end(request, cap, completed=True, how="usage chunk")
@@ -864,6 +878,7 @@ class Simulation:
             if request.worker == worker and request.chunks is not None and fresh:
                 request.recorded = self.expected_usage(request, completed=False)
                 request.recorded_delivered = request.delivered
+                request.recorded_ended = request.delivered == request.script.completion_tokens
                 expected.append(request.number)
         if recorded != len(expected):
             self.fail([f"worker {worker} recorded {recorded} streams, expected {expected}"])
@@ -892,13 +907,29 @@ class Simulation:
             else:
                 self.budgets.settle(hold_id, sum(settled.charges, Decimal(0)), self.clock.now())
 
+    def dead_usage(self, request: SimRequest) -> Usage:
+        """What a dead stream is billed for: its progress, if its upstream had ended it.
+
+        Else what went out since its last record is unknown: its output is billed at the
+        request's limit, its prompt at the upstream's early count or the hold's.
+        """
+        usage = request.recorded
+        if request.recorded_ended:
+            return usage
+        limit = request.generation.request.max_output_tokens or request.model.max_output_tokens
+        return Usage(
+            prompt_tokens=usage.prompt_tokens or request.held_prompt,
+            completion_tokens=max(usage.completion_tokens, limit),
+            cached_tokens=usage.cached_tokens,
+        )
+
     def death_problems(self, request: SimRequest, settled: driver.Settlement) -> list[str]:
         """What is wrong with the settlement of a dead request's ended hold."""
         if request.recorded is None:
             if settled.records or settled.charges:
                 return [f"nothing was recorded, yet {settled}"]
             return []
-        usage, generation_id = request.recorded, driver.generation_id(request.generation)
+        usage, generation_id = self.dead_usage(request), driver.generation_id(request.generation)
         price = driver.price(usage, request.model)
         if len(settled.records) != 1 or settled.statuses != ["interrupted"]:
             return [f"recorded progress {usage}, settled as {settled}"]
@@ -996,6 +1027,7 @@ class Simulation:
             cache_write_tokens=split.write_5m + split.write_1h,
             cache_write_1h_tokens=split.write_1h,
             tool_calls={"web_search": split.web_searches} if split.web_searches else None,
+            service_tier=request.tier or "standard",
         )
 
     def check_settlement(

@@ -116,3 +116,10 @@ def test_a_block_the_prompt_counter_skips_is_caught(disposable_app, monkeypatch)
         SimulationFailure, match=r"(?s)seed 2, step \d+.*its upstream was sent .* past its hold"
     ):
         simulation.run()
+
+
+def test_a_tier_priced_at_one_is_caught(disposable_app, monkeypatch):
+    driver.plant_tier_priced_at_one(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*native.*charged"):
+        simulation.run()

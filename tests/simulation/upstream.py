@@ -202,6 +202,8 @@ class SimulatedNativeAdapter(SimulatedAdapter):
                 "ephemeral_1h_input_tokens": split.write_1h,
             },
             "server_tool_use": {"web_search_requests": split.web_searches},
+            # Anthropic names the tier it served in: the one asked for, else its standard.
+            "service_tier": call.body.get("service_tier") or "standard",
         }
         text = {"type": "text", "text": words(script.completion_tokens)}
         message = {

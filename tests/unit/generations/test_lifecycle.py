@@ -155,11 +155,16 @@ def test_progress_is_taken_only_of_what_was_delivered_since(app_context):
     assert lifecycle.progress_of(generation) is None, "settled"
 
 
-def test_an_interrupted_stream_is_settled_at_its_recorded_progress(app_context):
+@pytest.mark.parametrize("ended", [False, True], ids=["mid-generation", "generation-ended"])
+def test_an_interrupted_stream_is_settled_at_its_progress_once_its_generation_ended(
+    app_context, ended
+):
     caller = caller_with("1")
     generation = start(caller, "dev-slow", stream=True)
     stream = lifecycle.stream_generation(generation)
     for _ in range(4):
+        next(stream)
+    while ended and not generation.meter.ended:
         next(stream)
     progress = lifecycle.progress_of(generation)
     # Its worker dies: the stream never settles itself.
@@ -169,7 +174,10 @@ def test_an_interrupted_stream_is_settled_at_its_recorded_progress(app_context):
 
     record = db.session.get(Generation, generation.id)
     assert record.status == "interrupted" and record.estimated
-    assert record.completion_tokens == progress["completion_tokens"]
+    limit = generation.request.max_output_tokens or generation.model.max_output_tokens
+    assert progress["ended"] is ended and 0 < progress["completion_tokens"] < limit
+    # Before its end, what went out since the record is unknown: the request's limit.
+    assert record.completion_tokens == (progress["completion_tokens"] if ended else limit)
     assert (
         charged
         == record.cost

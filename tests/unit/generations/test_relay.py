@@ -73,6 +73,7 @@ class LinesMeter:
         self.complete = False
         self.finish_reason = None
         self.failed = False
+        self.ended = False
         self.words = 0
         self.changed_since_counted = False
 
@@ -83,6 +84,7 @@ class LinesMeter:
             return False
         if "usage" in event:
             self.usage = Usage(prompt_tokens=event["usage"][0], completion_tokens=event["usage"][1])
+            self.ended = True
             return False
         self.words += len(event["text"].split())
         self.changed_since_counted = True
