@@ -124,6 +124,30 @@ class ListOf(OptionalField, fields.List):
         super().__init__(item, **kwargs)
 
 
+class StopSequencesField(OptionalField):
+    """An array of at most ``limit`` non-empty strings: the door's own limit."""
+
+    default_error_messages = {
+        "invalid": "must be an array of strings.",
+        "length": "must hold at most {limit} sequences.",
+        "item": "must be a non-empty string.",
+    }
+
+    def __init__(self, limit: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.limit = limit
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if type(value) is not list:
+            raise self.make_error("invalid")
+        if len(value) > self.limit:
+            raise self.make_error("length", limit=self.limit)
+        for index, sequence in enumerate(value):
+            if type(sequence) is not str or not sequence:
+                raise ValidationError({index: [self.error_messages["item"]]})
+        return value
+
+
 class ObjectSchema(Schema):
     """Base of every schema: drops unknown keys and reports a non-object plainly."""
 

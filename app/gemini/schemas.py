@@ -31,6 +31,7 @@ from app.validation import (
     ObjectField,
     ObjectSchema,
     OptionalField,
+    StopSequencesField,
     StringField,
     load_or_raise,
 )
@@ -166,26 +167,6 @@ class ThinkingConfig(ObjectSchema):
     thinkingLevel = StringField(validate=OneOf(THINKING_LEVELS, error=ONE_OF))
 
 
-class StopSequencesField(OptionalField):
-    """``stopSequences``: at most 5 non-empty strings, as Google takes."""
-
-    default_error_messages = {
-        "invalid": "must be an array of strings.",
-        "length": f"must hold at most {MAX_STOP_SEQUENCES} sequences.",
-        "item": "must be a non-empty string.",
-    }
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is not list:
-            raise self.make_error("invalid")
-        if len(value) > MAX_STOP_SEQUENCES:
-            raise self.make_error("length")
-        for index, sequence in enumerate(value):
-            if type(sequence) is not str or not sequence:
-                raise ValidationError({index: [self.error_messages["item"]]})
-        return value
-
-
 class GenerationConfig(ObjectSchema):
     """How to answer: length, sampling, stops, format, thinking."""
 
@@ -198,7 +179,7 @@ class GenerationConfig(ObjectSchema):
     seed = IntegerField()
     presencePenalty = NumberField(validate=Range(-2, 2, error=BETWEEN))
     frequencyPenalty = NumberField(validate=Range(-2, 2, error=BETWEEN))
-    stopSequences = StopSequencesField()
+    stopSequences = StopSequencesField(MAX_STOP_SEQUENCES)
     responseMimeType = StringField()
     responseSchema = ObjectField()
     responseJsonSchema = ObjectField()

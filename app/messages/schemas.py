@@ -32,6 +32,7 @@ from app.validation import (
     ObjectField,
     ObjectSchema,
     OptionalField,
+    StopSequencesField,
     StringField,
     load_or_raise,
 )
@@ -214,26 +215,6 @@ class MessageParam(ObjectSchema):
     content = BlocksField(required=True)
 
 
-class StopSequencesField(OptionalField):
-    """``stop_sequences``: an array of non-empty strings."""
-
-    default_error_messages = {
-        "invalid": "must be an array of strings.",
-        "length": f"must hold at most {MAX_STOP_SEQUENCES} sequences.",
-        "item": "must be a non-empty string.",
-    }
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if type(value) is not list:
-            raise self.make_error("invalid")
-        if len(value) > MAX_STOP_SEQUENCES:
-            raise self.make_error("length")
-        for index, sequence in enumerate(value):
-            if type(sequence) is not str or not sequence:
-                raise ValidationError({index: [self.error_messages["item"]]})
-        return value
-
-
 class ToolsField(OptionalField):
     """``tools``: custom tools, checked; tools of a versioned type, kept as sent."""
 
@@ -364,7 +345,7 @@ class MessageCreateRequest(CountTokensRequest):
     temperature = NumberField(validate=Range(0, 1, error=BETWEEN))
     top_p = NumberField(validate=Range(0, 1, error=BETWEEN))
     top_k = IntegerField(validate=Range(0, None, error="must be at least {min}."))
-    stop_sequences = StopSequencesField()
+    stop_sequences = StopSequencesField(MAX_STOP_SEQUENCES)
     metadata = NestedField(Metadata)
 
     @validates_schema
