@@ -80,6 +80,22 @@ def test_wrong_organisation_input_gets_one_line_and_a_nonzero_exit(runner):
         assert len(result.output.strip().splitlines()) == 1, (args, result.output)
 
 
+def test_an_invite_to_a_personal_organisation_names_it_as_the_dashboard_does(
+    app, runner, smtp_server, monkeypatch
+):
+    """A sign-up's organisation bears its holder's address: the mail must not read as a person."""
+    received, url = smtp_server
+    monkeypatch.setitem(app.config, "SMTP_URL", url)
+    holder, member = email(), email()
+    run(runner, "accounts", "create", holder)
+
+    run(runner, "orgs", "invite", holder, member)
+
+    (message,) = received
+    assert message["Subject"] == f"Join {holder}'s organisation"
+    assert f"invites you to {holder}'s organisation." in message.get_payload(decode=True).decode()
+
+
 def test_an_invite_is_mailed_when_smtp_is_set_with_a_link_under_public_url(
     app, runner, smtp_server, monkeypatch
 ):

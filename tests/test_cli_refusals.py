@@ -72,3 +72,11 @@ def test_a_key_of_another_organisation_is_named_as_such(runner):
     assert "no API key with id 999999" in refused(
         runner, "orgs", "budget", ours, "--key", "999999", "--usd", "5"
     )
+
+
+def test_an_organisation_is_not_named_with_an_e_mail_address(runner):
+    """An address names its holder's own organisation: taken first, sign-up would make a twin."""
+    holder = email()
+    line = refused(runner, "orgs", "create", holder, "--owner", email())
+    assert "must not be an e-mail address" in line
+    refused(runner, "orgs", "members", holder)  # nothing was made under that name

@@ -35,6 +35,7 @@ from app.accounts.models import (
 from app.accounts.organisations import (
     active_membership,
     find_person_by_email,
+    is_email_address,
     stage_account,
     stage_person,
 )
@@ -258,12 +259,18 @@ def create_organisation(*, name: str, owner_email: str, actor: int | None) -> Ac
 
 
 def check_organisation_name(name: str) -> None:
-    """Refuse a blank name, or one an organisation has in any letter case.
+    """Refuse a blank name, an e-mail address, or one an organisation has in any letter case.
 
+    An address names the personal organisation its holder's sign-up makes: taken by
+    another first, it would make that sign-up's organisation a second of the name.
     :raise OrganisationNameRefused: saying which, and naming the organisation with the name.
     """
     if not name.strip():
         raise OrganisationNameRefused("an organisation's name must not be blank")
+    if is_email_address(name):
+        raise OrganisationNameRefused(
+            "an organisation's name must not be an e-mail address: those name the holders' own"
+        )
     if taken := organisations_named(name):
         raise OrganisationNameRefused(
             f"an organisation named {taken[0].name!r} exists already (id {taken[0].id})",

@@ -113,3 +113,17 @@ def memberships_of(person_id: int) -> list[tuple[Membership, Account]]:
         .order_by(Membership.id)
     )
     return [(membership, account) for membership, account in rows]
+
+
+def organisation_label(name: str, personal_of: str | None, viewer_email: str | None) -> str:
+    """Name an organisation so it is not read as a person.
+
+    A sign-up's organisation is named after its holder's address (``personal_of``):
+    it reads "your personal organisation" to its holder, "alice@example.com's
+    organisation" to others.
+    """
+    if personal_of is None or name != personal_of:
+        return name
+    if viewer_email is not None and viewer_email.lower() == personal_of.lower():
+        return "your personal organisation"
+    return f"{personal_of}'s organisation"

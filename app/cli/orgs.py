@@ -21,6 +21,7 @@ from app.accounts.members import (
     remove_member,
 )
 from app.accounts.models import ROLES, Membership
+from app.accounts.organisations import organisation_label
 from app.budgets import BudgetState, budget_state
 from app.cli.common import (
     BASE_URL_OPTION,
@@ -82,7 +83,12 @@ def invite_member_command(org: str, email: str, role: str, base_url: str | None)
 def _mailed(email: str, account: Account, link: str) -> bool:
     """Mail the invite's link; False, with a warning on stderr, if the server failed."""
     try:
-        mail_invite(email=email, organisation=account.name, inviter=OPERATOR_NAME, link=link)
+        mail_invite(
+            email=email,
+            organisation=organisation_label(account.name, account.email, None),
+            inviter=OPERATOR_NAME,
+            link=link,
+        )
     except (smtplib.SMTPException, OSError) as error:
         click.echo(
             f"the invite could not be e-mailed ({type(error).__name__}): give the link yourself",

@@ -1,4 +1,4 @@
-"""How the dashboard writes amounts of money, windows, organisations and CSV cells.
+"""How the dashboard writes amounts of money, windows and CSV cells.
 
 One rule for money: amounts shown together (a table's column, a row of figures, an
 axis) share one number of decimals, the fewest that write every one of them exactly to
@@ -57,20 +57,6 @@ def window_name(window: str) -> str:
 def current_window(window: str) -> str:
     """Name the window a spend is counted in: ``this month`` ... ``in 5 hours``."""
     return CURRENT_WINDOWS.get(window, window)
-
-
-def organisation_label(name: str, personal_of: str | None, viewer_email: str | None) -> str:
-    """Name an organisation so it is not read as a person.
-
-    A sign-up's organisation is named after its holder's address (``personal_of``):
-    it reads "your personal organisation" to its holder, "alice@example.com's
-    organisation" to others.
-    """
-    if personal_of is None or name != personal_of:
-        return name
-    if viewer_email is not None and viewer_email.lower() == personal_of.lower():
-        return "your personal organisation"
-    return f"{personal_of}'s organisation"
 
 
 NEEDS_QUOTES = re.compile('[,"\r\n]')

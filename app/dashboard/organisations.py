@@ -24,10 +24,9 @@ from app.accounts.errors import (
 )
 from app.accounts.invites import mail_invite, pending_invites
 from app.accounts.models import ADMIN, OWNER
-from app.accounts.organisations import memberships_of
+from app.accounts.organisations import memberships_of, organisation_label
 from app.budgets import budget_state
 from app.dashboard.addresses import public_link
-from app.dashboard.formatting import organisation_label
 from app.dashboard.forms import BudgetForm, InviteForm, OrganisationForm, RoleForm
 from app.dashboard.security import current_actor, role_required
 from app.dashboard.session import switch_organisation

@@ -15,9 +15,8 @@ from flask import Flask, session
 from flask_login import UserMixin, login_user
 
 from app.accounts.models import Membership, Person
-from app.accounts.organisations import active_membership, memberships_of
+from app.accounts.organisations import active_membership, memberships_of, organisation_label
 from app.credits.models import Account
-from app.dashboard.formatting import organisation_label
 from app.extensions import DashboardSessionInterface, db, login_manager
 
 ORGANISATION = "organisation_id"

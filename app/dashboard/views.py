@@ -31,6 +31,7 @@ from app.accounts.changes import record_change
 from app.accounts.errors import InvalidKeyLimits
 from app.accounts.members import has_role
 from app.accounts.models import ADMIN
+from app.accounts.organisations import organisation_label
 from app.accounts.passwords import authenticate
 from app.auth.models import ApiKey
 from app.budgets import MONTH
@@ -46,7 +47,6 @@ from app.dashboard.formatting import (
     csv_text,
     current_window,
     format_usd,
-    organisation_label,
     usd_places,
     window_name,
 )

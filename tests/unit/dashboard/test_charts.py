@@ -8,8 +8,9 @@ from decimal import Decimal
 import pytest
 from wtforms.validators import ValidationError
 
+from app.accounts.organisations import organisation_label
 from app.dashboard.charts import HEIGHT, spend_chart
-from app.dashboard.formatting import format_usd, organisation_label, usd_places
+from app.dashboard.formatting import format_usd, usd_places
 from app.dashboard.forms import parse_usd
 
 TODAY = date(2026, 11, 22)
