@@ -192,6 +192,23 @@ def test_refunds_take_back_credit_even_spent_and_debt_refuses_every_door(
     )
     assert responses.status_code == 402
     assert responses.json()["error"]["code"] == "account_in_debt"
+    gemini = requests.post(
+        f"{payments_server.url}/v1beta/models/dev-chat-mini:generateContent",
+        headers={"x-goog-api-key": key},
+        json={"contents": [{"role": "user", "parts": [{"text": "hello"}]}]},
+        timeout=30,
+    )
+    assert gemini.status_code == 402
+    assert gemini.json()["error"]["status"] == "RESOURCE_EXHAUSTED"
+    assert "in debt" in gemini.json()["error"]["message"]
+    embeddings = requests.post(
+        f"{payments_server.url}/v1/embeddings",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "dev-embed", "input": "hello"},
+        timeout=30,
+    )
+    assert embeddings.status_code == 402
+    assert embeddings.json()["error"]["code"] == "account_in_debt"
     # Paid back, the account is served again.
     with app.app_context():
         from app.credits.ledger import grant_credits
