@@ -50,6 +50,17 @@ pricing = {{ prompt = 0.30, completion = 2.50, cached_read = 0.03 }}
 routes = [{{ upstream = "google", model = "gemini-2.5-flash", api = "gemini" }}]
 
 [[models]]
+id = "gemini-grounded"
+max_output_tokens = 8192
+capabilities = ["tools", "reasoning"]
+routes = [{{ upstream = "google", model = "gemini-2.5-flash", api = "gemini" }}]
+[models.pricing]
+prompt = 0.30
+completion = 2.50
+cached_read = 0.03
+tool_calls = {{ web_search = 0.035 }}
+
+[[models]]
 id = "gemini-failover"
 max_output_tokens = 8192
 capabilities = ["tools", "reasoning"]
@@ -487,3 +498,27 @@ def test_google_search_on_a_model_that_does_not_price_it_is_refused_before_sendi
     assert scripted.exchanges == []
     account, generations, charges, holds = billing_records(app, funded.account_id)
     assert (generations, charges, account.balance) == ([], [], Decimal("5"))
+
+
+def test_google_search_is_billed_per_grounding_query_and_tool_use_tokens_as_input(
+    app, gateway, gemini, funded, scripted
+):
+    scripted.script("/google", Reply("gemini_generate_grounded"))
+
+    response = gemini.models.generate_content(
+        model="gemini-grounded",
+        contents="Who won Euro 2024?",
+        config=types.GenerateContentConfig(tools=[types.Tool(google_search=types.GoogleSearch())]),
+    )
+
+    assert response.text.startswith("Spain won Euro 2024")
+    grounding = response.candidates[0].grounding_metadata
+    assert grounding.web_search_queries == ["who won euro 2024", "euro 2024 final score"]
+    generation = settled(app, gateway, funded)
+    # 12 prompt + 180 from the search's results at prompt, 17 + 192 thoughts at completion,
+    # two queries at $0.035.
+    assert (generation.prompt_tokens, generation.completion_tokens) == (192, 209)
+    tokens = (192 * Decimal("0.30") + 209 * Decimal("2.50")) / 10**6
+    assert generation.cost == to_money(tokens + 2 * Decimal("0.035"))
+    (exchange,) = scripted.exchanges
+    assert exchange.json["tools"] == [{"googleSearch": {}}]
