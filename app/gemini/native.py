@@ -266,6 +266,8 @@ class RelayedStream(DeliveryMeter):
         self.kept_back: list[dict[str, Any]] = []
         # The upstream's error event, framed, kept back for the end.
         self.error_frame = b""
+        # The hosted tools' calls the stream's grounding shows (see grounded_calls).
+        self.calls: dict[str, int] = {}
 
     def observe(self, data: bytes) -> bool:
         """Read one upstream read; return whether it delivered generated output."""
@@ -280,9 +282,7 @@ class RelayedStream(DeliveryMeter):
             self.failed = True
             self.error_frame += data_event(payload)
             return False
-        if (usage := usage_of(payload)) is not None:
-            # Each event's usage is the running total: the last one is the whole.
-            self.usage = usage
+        self.take_usage(payload)
         reason = finish_of(payload)
         delivered = False
         for text in output_texts(payload):
@@ -294,6 +294,16 @@ class RelayedStream(DeliveryMeter):
         else:
             self.completed.append(data_event(answered(payload, self.generation)))
         return delivered
+
+    def take_usage(self, payload: dict[str, Any]) -> None:
+        """Keep an event's usage, the running total, with the searches its grounding shows.
+
+        The grounding comes on one event, usually the last, not always one with usage.
+        """
+        calls, usage = grounded_calls(payload), reported_usage(payload) or self.usage
+        self.calls = calls or self.calls
+        if usage is not None and (calls or usage is not self.usage):
+            self.usage = replace(usage, tool_calls=self.calls or None)
 
     def final_usage(self) -> Usage:
         """Return the usage to bill: the upstream's once its candidate ended, else counted.

@@ -522,3 +522,29 @@ def test_google_search_is_billed_per_grounding_query_and_tool_use_tokens_as_inpu
     assert generation.cost == to_money(tokens + 2 * Decimal("0.035"))
     (exchange,) = scripted.exchanges
     assert exchange.json["tools"] == [{"googleSearch": {}}]
+
+
+def test_a_streams_grounding_after_its_usage_is_billed_all_the_same(
+    app, gateway, gemini, funded, scripted
+):
+    scripted.script("/google", Reply("gemini_stream_grounded"))
+
+    chunks = list(
+        gemini.models.generate_content_stream(
+            model="gemini-grounded",
+            contents="Who won Euro 2024?",
+            config=types.GenerateContentConfig(
+                tools=[types.Tool(google_search=types.GoogleSearch())]
+            ),
+        )
+    )
+
+    assert chunks[-1].candidates[0].grounding_metadata.web_search_queries == [
+        "who won euro 2024",
+        "euro 2024 final score",
+    ]
+    generation = settled(app, gateway, funded)
+    assert {chunk.response_id for chunk in chunks} == {generation.id}
+    assert (generation.prompt_tokens, generation.completion_tokens) == (192, 209)
+    tokens = (192 * Decimal("0.30") + 209 * Decimal("2.50")) / 10**6
+    assert generation.cost == to_money(tokens + 2 * Decimal("0.035"))
