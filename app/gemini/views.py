@@ -20,17 +20,31 @@ from app.encoding import dumps
 from app.errors import InvalidRequest
 from app.gemini.bodies import GEMINI_FRAMING, model_body
 from app.gemini.errors import from_google_client
+from app.gemini.native import (
+    RelayedStream,
+    answered,
+    counted_body,
+    native_call,
+    passed_request,
+    prompt_of,
+    surcharges_of,
+    whole_outcome,
+)
 from app.gemini.schemas import GeminiRequest, parse_count_tokens_request, parse_generate_request
 from app.gemini.translation import StreamTranslation, chat_request, response_of, thoughts_shown
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
 from app.generations.lifecycle import (
+    Generation,
     count_prompt_tokens,
     native_routes,
     new_generation_id,
+    relay_generation,
+    relay_stream,
     run_generation,
     start_generation,
     stream_generation,
 )
+from app.generations.metering import DeliveryMeter
 from app.generations.models import GEMINI
 from app.generations.prompts import TranslatedPrompt
 from app.generations.refusals import output_field_named
@@ -88,22 +102,30 @@ def call_model(target: str) -> Response:
     return generate_content(model_id(name), body, stream=method == "streamGenerateContent")
 
 
-def generate_content(name: str, body: object, *, stream: bool) -> Response:
-    """Answer a generateContent request, whole or streamed, paid from the caller's credits."""
+def generate_content(name: str, body: dict, *, stream: bool) -> Response:
+    """Answer a generateContent request, whole or streamed, paid from the caller's credits.
+
+    On a model whose routes say ``api = "gemini"`` it is passed through (app.gemini.native).
+    """
     gemini_request = parse_generate_request(body, name, stream=stream)
     model = current_catalog().resolve(name, may_use=g.caller.may_use)
-    check_translated(model)
+    passed_through = bool(native_routes(model, GEMINI))
     with output_field_named("generationConfig.maxOutputTokens"):
         generation = start_generation(
             caller=g.caller,
             model=model,
-            request=model.with_defaults(chat_request(gemini_request, model)),
+            request=passed_request(gemini_request, model)
+            if passed_through
+            else model.with_defaults(chat_request(gemini_request, model)),
             hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
             generation_id=claimed_generation_id() or new_generation_id(),
             api=GEMINI,
             # A translated route is sent none of Google's hosted tools: nothing to bill.
-            surcharges=NO_SURCHARGES,
+            surcharges=surcharges_of(body) if passed_through else NO_SURCHARGES,
+            prompt=prompt_of(body, model) if passed_through else None,
         )
+    if passed_through:
+        return relayed_content(generation, body, stream=stream)
     thoughts = thoughts_shown(gemini_request)
     if stream:
         translation = StreamTranslation(generation, thoughts=thoughts)
@@ -113,26 +135,32 @@ def generate_content(name: str, body: object, *, stream: bool) -> Response:
     return Response(dumps(answer), mimetype="application/json")
 
 
-def check_translated(model: Model) -> None:
-    """Refuse a model whose routes would pass Gemini requests through: not served yet.
-
-    The seam where a route with ``api = "gemini"`` will take the caller's body as sent,
-    as the Messages door does on Anthropic's routes (app/messages/native.py).
-    """
-    if native_routes(model, GEMINI):
-        raise InvalidRequest(
-            f"Model '{model.id}' is served by passing Gemini requests through, which this "
-            "gateway does not do yet.",
-            param="model",
-        )
+def relayed_content(generation: Generation, body: dict, *, stream: bool) -> Response:
+    """Answer a request passed through to an upstream that serves Google's Gemini API."""
+    call = native_call(body, generation, stream=stream)
+    if stream:
+        relayed = RelayedStream(generation)
+        events = relayed.events(relay_stream(generation, call, relayed))
+        return event_stream_response(events, relayed.framing())
+    answer, usage, cost = relay_generation(
+        generation, call, whole_outcome(DeliveryMeter(generation))
+    )
+    return Response(
+        dumps(answered(answer.decoded, generation, cost, usage)), mimetype="application/json"
+    )
 
 
 def count_tokens(name: str, body: object) -> Response:
-    """Count a prompt's tokens as a hold on its model does; free, nothing is held or recorded."""
+    """Count a prompt's tokens as a hold on its model does; free, nothing is held or recorded.
+
+    On a model whose requests are passed through, that is the body as it would be sent.
+    """
     gemini_request: GeminiRequest = parse_count_tokens_request(body, name)
     model = current_catalog().resolve(name, may_use=g.caller.may_use)
-    check_translated(model)
-    prompt = TranslatedPrompt(chat_request(gemini_request, model), model.routes[0])
+    if native_routes(model, GEMINI):
+        prompt = prompt_of(counted_body(body), model)
+    else:
+        prompt = TranslatedPrompt(chat_request(gemini_request, model), model.routes[0])
     tokens = count_prompt_tokens(model=model, prompt=prompt)
     return Response(dumps({"totalTokens": tokens}), mimetype="application/json")
 

@@ -30,9 +30,16 @@ from app.providers.base import ChatRequest, EmbeddingRequest, PromptContent, Rou
 
 # What a door's rule counts a typed object as: the PromptContent field it adds one to.
 IMAGE, LOW_DETAIL_IMAGE, OPAQUE = "images", "low_detail_images", "opaque"
-# A door's rule for objects of one ``type``: IMAGE, LOW_DETAIL_IMAGE or OPAQUE; None to
+# A door's rule for objects of one kind: IMAGE, LOW_DETAIL_IMAGE or OPAQUE; None to
 # read the object as any other; UncountableContent raised for what cannot be counted.
 MediaRule = Callable[[dict[str, Any]], str | None]
+# How a door's objects name their kind, which picks their rule.
+KindOf = Callable[[dict[str, Any]], Any]
+
+
+def typed(block: dict[str, Any]) -> Any:
+    """Return an object's kind as the Messages and Responses APIs name it: its ``type``."""
+    return block.get("type")
 
 
 class Prompt(Protocol):
@@ -66,11 +73,15 @@ class BodyShape:
     """How a door's request body holds its prompt.
 
     ``settings`` are the top-level fields that are not shown to the model; ``media`` the
-    rules for the typed objects (``{"type": ...}``) that carry binary content.
+    rules for the objects that carry binary content, by their kind. ``kind_of`` reads an
+    object's kind: its ``type``, or, where an object holds its binary in a field named for
+    it (Gemini's ``{"inlineData": ...}``), that field's name; the object's other fields
+    are then read as any others.
     """
 
     settings: frozenset[str]
     media: Mapping[str, MediaRule]
+    kind_of: KindOf = typed
 
 
 @dataclass(frozen=True)
@@ -160,13 +171,15 @@ def read_content(body: Mapping[str, Any], shape: BodyShape) -> PromptContent:
         if key in shape.settings:
             continue
         try:
-            gather(value, shape.media, content)
+            gather(value, shape.media, content, shape.kind_of)
         except UncountableContent as error:
             raise UncountableContent(error.message, param=key) from None
     return content
 
 
-def gather(value: Any, media: Mapping[str, MediaRule], content: PromptContent) -> None:
+def gather(
+    value: Any, media: Mapping[str, MediaRule], content: PromptContent, kind_of: KindOf = typed
+) -> None:
     """Add ``value``'s strings, numbers and binary parts to ``content``, at any depth."""
     texts = content.texts
     # A stack, not recursion: how deep a body nests is the caller's choice.
@@ -179,18 +192,25 @@ def gather(value: Any, media: Mapping[str, MediaRule], content: PromptContent) -
         elif kind is list:
             pending += value
         elif kind is dict:
-            if not counted_as_media(value, media, content):
+            if not counted_as_media(value, media, content, kind_of):
                 texts += value
                 pending += value.values()
+            elif (field := kind_of(value)) in value:
+                # Only the field its rule counted is binary: the rest is read as any other.
+                texts += (key for key in value if key != field)
+                pending += (item for key, item in value.items() if key != field)
         elif kind is int or kind is float:
             texts.append(repr(value))
 
 
 def counted_as_media(
-    block: dict[str, Any], media: Mapping[str, MediaRule], content: PromptContent
+    block: dict[str, Any],
+    media: Mapping[str, MediaRule],
+    content: PromptContent,
+    kind_of: KindOf = typed,
 ) -> bool:
-    """Count ``block`` by its type's rule, if it has one that takes it; say whether it did."""
-    kind = block.get("type")
+    """Count ``block`` by its kind's rule, if it has one that takes it; say whether it did."""
+    kind = kind_of(block)
     rule = media.get(kind) if type(kind) is str else None
     counted = rule(block) if rule is not None else None
     if counted is None:

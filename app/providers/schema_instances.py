@@ -27,6 +27,11 @@ MAX_SCHEMA_DEPTH = 16
 # The budget of one instance, across all its levels.
 MAX_INSTANCE_STEPS = 10_000
 MAX_INSTANCE_CHARACTERS = 64 * 1024
+# The integers an answer holds exactly wherever it is read: JSON encoders stop at 64 bits,
+# JavaScript's numbers (so many clients' parsers) at 2**53, which floats also hold exactly.
+MAX_INTEGER = 2**53
+LOWER_BOUNDS = ("minimum", "exclusiveMinimum")
+UPPER_BOUNDS = ("maximum", "exclusiveMaximum")
 FORMAT_EXAMPLES = {
     "date-time": "2024-01-01T00:00:00Z",
     "date": "2024-01-01",
@@ -105,11 +110,26 @@ def _size(schema: dict[str, Any], key: str, cap: int) -> int | None:
 
 
 def _number(schema: dict[str, Any], key: str) -> float | None:
-    """Return a finite numeric keyword, or None."""
+    """Return a finite numeric keyword, or None; an integer past 2**53 clamped to it."""
     value = schema.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return value
+    if isinstance(value, int) and not -MAX_INTEGER <= value <= MAX_INTEGER:
+        return _clamped(value, key)
+    return value if math.isfinite(value) else None
+
+
+def _clamped(value: float, key: str) -> int:
+    """Clamp a bound past MAX_INTEGER to it, where every instance within it meets the bound.
+
+    A minimum past the largest integer (a maximum past the smallest, a multiple of one
+    that large) leaves no instance an answer can hold.
+    """
+    if key in UPPER_BOUNDS and value > 0:
+        return MAX_INTEGER
+    if key in LOWER_BOUNDS and value < 0:
+        return -MAX_INTEGER
+    raise InstanceTooLarge(f"its {key} is past the integers an answer can hold (2**53)")
 
 
 def _instance(schema: Any, walk: _SchemaWalk, depth: int) -> Any:
@@ -256,6 +276,13 @@ def _bound(
     return value, False
 
 
+def _integer_bound(value: float | None, key: str) -> float | None:
+    """Return an integer instance's bound, clamped to MAX_INTEGER (see ``_clamped``)."""
+    if value is None or -MAX_INTEGER <= value <= MAX_INTEGER:
+        return value
+    return _clamped(value, key)
+
+
 def _multiple_between(step: float, low: Any, low_open: bool, high: Any, high_open: bool) -> float:
     """Return the multiple of ``step`` nearest the lower bound (or zero) inside the bounds."""
     if low is not None:
@@ -289,12 +316,24 @@ def _number_instance(
 ) -> float:
     low, low_open = _bound(schema, "minimum", "exclusiveMinimum", max)
     high, high_open = _bound(schema, "maximum", "exclusiveMaximum", min)
+    if integer:
+        # Bounds JSON carried as floats (1e30): an integer answer stays within 2**53.
+        low, high = _integer_bound(low, "minimum"), _integer_bound(high, "maximum")
     step = _number(schema, "multipleOf")
     step = step if step and step > 0 else (1 if integer else None)
     if step is None:
         return _number_between(low, low_open, high, high_open)
-    value = _multiple_between(step, low, low_open, high, high_open)
-    return int(value) if integer and float(value).is_integer() else value
+    try:
+        value = _multiple_between(step, low, low_open, high, high_open)
+        value = int(value) if integer and float(value).is_integer() else value
+    except OverflowError:
+        # A bound over a step past the largest float: no multiple can be written.
+        value = math.inf
+    if not (math.isfinite(value) and (isinstance(value, float) or abs(value) <= MAX_INTEGER)):
+        raise InstanceTooLarge(
+            "its bounds ask for an integer past those an answer can hold (2**53)"
+        )
+    return value
 
 
 def _integer_instance(schema: dict[str, Any], walk: _SchemaWalk, depth: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 
@@ -76,8 +78,25 @@ FAN_OUT = {
             ),
             "response_format.json_schema.schema",
         ),
+        (
+            tool_body(
+                {
+                    "type": "object",
+                    "properties": {"n": {"type": "integer", "minimum": 10**30}},
+                    "required": ["n"],
+                }
+            ),
+            "tools[1].function.parameters",
+        ),  # fmt: skip
     ],
-    ids=["arrays-3-deep", "arrays-4-deep", "ref-fan-out", "response-schema", "long-strings"],
+    ids=[
+        "arrays-3-deep",
+        "arrays-4-deep",
+        "ref-fan-out",
+        "response-schema",
+        "long-strings",
+        "integer-past-2**53",
+    ],
 )
 def test_a_schema_too_large_to_instantiate_is_400_before_any_hold(
     app, live_server, funded_key, body, param
@@ -142,3 +161,21 @@ def test_json_nested_64_levels_deep_is_not_refused_for_its_depth(live_server, fu
         timeout=30,
     )
     assert response.status_code == 200, response.text
+
+
+def test_a_bound_past_what_an_answer_holds_is_clamped_and_the_call_is_valid(
+    live_server, funded_key
+):
+    parameters = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": -(10**30), "maximum": 10**30}},
+        "required": ["n"],
+    }
+
+    response = post(live_server, funded_key.key, tool_body(parameters))
+
+    assert response.status_code == 200, response.text
+    (call,) = response.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "fill"
+    arguments = json.loads(call["function"]["arguments"])
+    assert type(arguments["n"]) is int and -(10**30) <= arguments["n"] <= 10**30

@@ -7,6 +7,7 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 
+from app.encoding import dumps, loads
 from app.providers import schema_instances
 from app.providers.schema_instances import schema_instance
 from tests.unit.providers.test_builtin import ORDER_SCHEMA, SEARCH
@@ -199,3 +200,36 @@ def test_an_instance_within_the_budget_validates():
     value = schema_instance(schema)
     assert len(value) == 64 and all(len(row) == 64 for row in value)
     jsonschema.validate(value, schema)
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        ({"type": "integer", "maximum": 10**30}, 0),
+        ({"type": "integer", "minimum": -(10**30), "maximum": -5}, -(2**53)),
+        ({"type": "integer", "minimum": 3, "exclusiveMaximum": 10**400}, 3),
+        ({"type": "number", "minimum": -(10**30)}, -(2**53)),
+    ],
+)
+def test_a_bound_past_2_to_the_53_is_clamped_where_the_instance_stays_valid(schema, expected):
+    value = schema_instance(schema)
+    assert value == expected
+    jsonschema.validate(loads(dumps(value)), schema)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 10**30},
+        {"type": "integer", "exclusiveMinimum": 10**400},
+        {"type": "integer", "minimum": 1e30},
+        {"type": "integer", "maximum": -1e30},
+        {"type": "integer", "minimum": 1e30, "multipleOf": 0.5},
+        {"type": "number", "minimum": 1e308, "multipleOf": 1e-10},
+        {"type": "integer", "multipleOf": 10**30, "minimum": 1},
+        {"type": "integer", "minimum": 2**60 - 1, "maximum": 2**61},
+    ],
+)
+def test_an_integer_no_answer_can_hold_is_refused(schema):
+    with pytest.raises(schema_instances.InstanceTooLarge):
+        schema_instance(schema)
