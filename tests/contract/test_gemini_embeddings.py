@@ -219,6 +219,11 @@ def test_an_unknown_model_is_a_404_and_a_chat_model_a_400_naming_its_type(gemini
     assert (unknown.value.code, unknown.value.status) == (404, "NOT_FOUND")
     assert (chat.value.code, chat.value.status) == (400, "INVALID_ARGUMENT")
     assert "'dev-chat' is a chat model" in chat.value.message
+    with pytest.raises(errors.ClientError) as generate:
+        gemini.models.generate_content(model="dev-embed", contents="Hello")
+    assert (generate.value.code, generate.value.status) == (400, "INVALID_ARGUMENT")
+    assert "is an embedding model" in generate.value.message
+    assert ":embedContent" in generate.value.message
     assert_nothing_held(app, funded)
 
 
