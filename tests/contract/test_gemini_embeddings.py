@@ -405,3 +405,16 @@ def test_the_text_parts_of_one_content_are_embedded_as_one_text(gateway, funded)
     assert answer.status_code == joined.status_code == 200, answer.text
     (vector,) = answer.json()["embeddings"]
     assert vector == joined.json()["embedding"]
+
+
+def test_an_idempotency_key_embeds_once(gateway, app, funded):
+    headers = {"x-goog-api-key": funded.key, "Idempotency-Key": "gemini-embed-once"}
+    body = {"requests": [{"content": {"parts": [{"text": "once only"}]}}]}
+    url = f"{gateway.url}/v1beta/models/dev-embed:batchEmbedContents"
+
+    first = requests.post(url, headers=headers, json=body, timeout=60)
+    again = requests.post(url, headers=headers, json=body, timeout=60)
+
+    assert first.status_code == again.status_code == 200, first.text
+    assert first.json() == again.json()
+    assert_charged_at_its_price(gateway, app, funded, builtin_tokens(["once only"]), "dev-embed")
