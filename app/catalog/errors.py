@@ -47,7 +47,10 @@ class WrongModelType(APIError):
 
     def __init__(self, model_id: str, model_type: str) -> None:
         if model_type == "embedding":
-            message = f"The model '{model_id}' is an embedding model: send it to /v1/embeddings."
+            message = (
+                f"The model '{model_id}' is an embedding model: send it to /v1/embeddings "
+                "(or Gemini's :embedContent and :batchEmbedContents)."
+            )
         else:
             message = f"The model '{model_id}' is a {model_type} model, not an embedding model."
         super().__init__(message, param="model")

@@ -11,13 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.catalog.errors import CapabilityMissing
-from app.catalog.registry import Model
 from app.errors import InvalidRequest
+from app.generations.refusals import MAX_EMBEDDING_INPUTS as MAX_INPUTS
 from app.providers.base import EmbeddingRequest
 
-# OpenAI's limit of inputs in one request.
-MAX_INPUTS = 2048
 # Token ids are non-negative and fit in 32 bits: no tokenizer has a larger vocabulary.
 MAX_TOKEN_ID = 2**31 - 1
 ENCODING_FORMATS = ("float", "base64")
@@ -110,12 +107,3 @@ def _optional_string(value: Any, name: str) -> str | None:
     if value is not None and type(value) is not str:
         raise InvalidRequest(f"{name} must be a string.", param=name)
     return value
-
-
-def check_dimensions(request: EmbeddingRequest, model: Model) -> None:
-    """Refuse ``dimensions`` on a model whose catalog entry does not say it takes them."""
-    if request.dimensions is not None and "dimensions" not in model.capabilities:
-        raise CapabilityMissing(
-            f"Model '{model.id}' does not take dimensions: its vectors have one size.",
-            param="dimensions",
-        )

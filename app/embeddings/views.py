@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import secrets
-
 from flask import Blueprint, Response, current_app, g, request
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import EMBEDDING_MODEL, current_catalog
 from app.embeddings.bodies import embeddings_body
-from app.embeddings.schemas import check_dimensions, parse_embedding_request
+from app.embeddings.schemas import parse_embedding_request
 from app.encoding import dumps_transient
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
-from app.generations.lifecycle import run_embeddings, start_generation
+from app.generations.lifecycle import new_embedding_id, run_embeddings, start_generation
 from app.generations.models import EMBEDDINGS
 from app.generations.prompts import EmbeddingInputs
-from app.generations.refusals import inputs_within_context
+from app.generations.refusals import check_dimensions, inputs_within_context
 from app.providers.base import ChatRequest
 from app.providers.errors import UpstreamError
 from app.providers.vectors import UnreadableVector
 from app.request_body import json_body
 
 bp = Blueprint("embeddings", __name__)
-
-
-def new_embedding_id() -> str:
-    """Return a fresh id for an embeddings request's generation record and hold."""
-    return "embd-" + secrets.token_hex(12)
 
 
 @bp.post("/embeddings")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from app.catalog.registry import Model
+from app.catalog.registry import EMBEDDING_MODEL, Model
 from app.gemini.errors import error_body
 from app.providers.base import Usage
 from app.sse import Framing, data_event
@@ -20,6 +20,8 @@ from app.sse import Framing, data_event
 GEMINI_FRAMING = Framing(frame=data_event, error=lambda error: data_event(error_body(error)))
 # What every model of the gateway can be asked for through this door.
 GENERATION_METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
+# What an embedding model can be asked for instead.
+EMBEDDING_METHODS = ["embedContent", "batchEmbedContents"]
 
 
 def usage_metadata(usage: Usage, cost: Decimal | None = None) -> dict[str, Any]:
@@ -69,7 +71,11 @@ def response_body(
 
 
 def model_body(model: Model) -> dict[str, Any]:
-    """Render a model as Google's Model (the catalog names no display name: its id)."""
+    """Render a model as Google's Model (the catalog names no display name: its id).
+
+    An embedding model answers one vector per input: its output limit is 1, as Google's are.
+    """
+    embedding = model.type == EMBEDDING_MODEL
     return {
         "name": f"models/{model.id}",
         "baseModelId": model.id,
@@ -77,7 +83,7 @@ def model_body(model: Model) -> dict[str, Any]:
         "displayName": model.id,
         "description": f"{model.id}, served by {model.owned_by}.",
         "inputTokenLimit": model.context_length,
-        "outputTokenLimit": model.max_output_tokens,
-        "supportedGenerationMethods": GENERATION_METHODS,
+        "outputTokenLimit": 1 if embedding else model.max_output_tokens,
+        "supportedGenerationMethods": EMBEDDING_METHODS if embedding else GENERATION_METHODS,
         "thinking": "reasoning" in model.capabilities,
     }

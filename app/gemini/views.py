@@ -1,4 +1,4 @@
-"""POST /v1beta/models/{model}:generateContent, :streamGenerateContent, :countTokens; the models.
+"""POST /v1beta/models/{model}:generateContent, its stream, :countTokens, embeddings; the models.
 
 Mounted under /v1beta, as Google's clients call by default, and its POST paths under /v1
 too (GET /v1/models is shared with the other doors: the catalog answers Google's clients
@@ -19,6 +19,7 @@ from app.catalog.views import ModelShape
 from app.encoding import dumps
 from app.errors import InvalidRequest
 from app.gemini.bodies import GEMINI_FRAMING, model_body
+from app.gemini.embeddings import EMBEDDING_METHODS, embed
 from app.gemini.errors import from_google_client
 from app.gemini.native import (
     RelayedStream,
@@ -78,7 +79,7 @@ def add_converters(state: BlueprintSetupState) -> None:
 
 bp.record_once(add_converters)
 bp_v1.record_once(add_converters)
-METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+METHODS = ("generateContent", "streamGenerateContent", "countTokens", *EMBEDDING_METHODS)
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 1000
 
 
@@ -88,15 +89,18 @@ def model_id(name: str) -> str:
 
 
 def call_model(target: str) -> Response:
-    """Answer ``{model}:{method}``: a generation, its stream, or a count of its prompt."""
+    """Answer ``{model}:{method}``: a generation, its stream, a count of its prompt, vectors."""
     name, _, method = target.rpartition(":")
     if not name or method not in METHODS:
         raise InvalidRequest(
             f"The path names no method this API serves: {target!r}; it takes "
-            "models/{model}:generateContent, :streamGenerateContent or :countTokens.",
+            "models/{model}:generateContent, :streamGenerateContent, :countTokens, "
+            ":embedContent or :batchEmbedContents.",
             param="model",
         )
     body = json_body(request)
+    if method in EMBEDDING_METHODS:
+        return embed(model_id(name), method, body)
     if method == "countTokens":
         return count_tokens(model_id(name), body)
     return generate_content(model_id(name), body, stream=method == "streamGenerateContent")

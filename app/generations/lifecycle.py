@@ -196,6 +196,11 @@ def new_generation_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
+def new_embedding_id() -> str:
+    """Return a fresh id for an embeddings request's generation record and hold."""
+    return "embd-" + secrets.token_hex(12)
+
+
 def _hold_worst_case(
     terms: HoldTerms, model: Model, request: ChatRequest, prompt_tokens: int
 ) -> HeldCredit | Shortfall | BudgetShortfall:

@@ -119,7 +119,8 @@ class EmbeddingInputs:
 
     Texts are counted as the route counts any text (bounded by their UTF-8 size); token
     ids are one token each. Every input adds INPUT_FRAMING_TOKENS: the hold covers an
-    upstream that frames each one, and the charge is what the upstream reports.
+    upstream that frames each one, and the charge is what the upstream reports. Titles
+    (Google's) are counted as texts: the upstreams that take them bill them.
     """
 
     request: EmbeddingRequest
@@ -128,14 +129,15 @@ class EmbeddingInputs:
     def bound(self) -> int:
         """Return an upper bound of the inputs' tokens, without tokenizing."""
         adapter, target = self.route.adapter, self.route.target
-        content = PromptContent(texts=self.request.texts)
-        return adapter.content_token_bound(content, target) + self._fixed()
+        return adapter.content_token_bound(self._content(), target) + self._fixed()
 
     def count(self, *, limit: int | None = None) -> int:
         """Count the inputs' tokens as the route does; with ``limit``, stop past it."""
         adapter, target = self.route.adapter, self.route.target
-        content = PromptContent(texts=self.request.texts)
-        return adapter.count_content_tokens(content, target, limit=limit) + self._fixed()
+        return adapter.count_content_tokens(self._content(), target, limit=limit) + self._fixed()
+
+    def _content(self) -> PromptContent:
+        return PromptContent(texts=self.request.texts + self.request.title_texts)
 
     def _fixed(self) -> int:
         ids = sum(map(len, self.request.token_arrays))

@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
+from app.catalog.errors import CapabilityMissing
 from app.catalog.pricing import NO_SURCHARGES, Surcharges, affordable_completion_tokens
 from app.catalog.registry import Model
 from app.credits.errors import AccountInDebt, InsufficientCredits
@@ -45,10 +46,17 @@ def prompt_tokens_within_context(prompt: Prompt, model: Model) -> int:
     return tokens
 
 
-def inputs_within_context(request: EmbeddingRequest, model: Model) -> None:
+# The most inputs one embeddings request may hold, on every door (OpenAI's limit).
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def inputs_within_context(
+    request: EmbeddingRequest, model: Model, *, item_name: str = "input[{index}]"
+) -> None:
     """Refuse an input longer than the model's context length: each is embedded alone.
 
     A text is tokenized only when its cheap bound passes the limit, and then only up to it.
+    ``item_name`` names an input as the door's body does (``{index}``: its position).
     """
     route = model.routes[0]
     adapter, target, limit = route.adapter, route.target, model.context_length
@@ -61,13 +69,22 @@ def inputs_within_context(request: EmbeddingRequest, model: Model) -> None:
                 continue
             tokens = adapter.count_content_tokens(content, target, limit=limit)
         if tokens > limit:
+            name = item_name.format(index=index)
             raise ContextLengthExceeded(
-                f"input[{index}] is longer than model '{model.id}' takes: it has more than "
-                f"{limit} tokens.",
-                param=f"input[{index}]",
+                f"{name} is longer than model '{model.id}' takes: it has more than {limit} tokens.",
+                param=name,
                 tokens=tokens,
                 limit=limit,
             )
+
+
+def check_dimensions(request: EmbeddingRequest, model: Model, *, param: str = "dimensions") -> None:
+    """Refuse a vector size on a model whose catalog entry does not say it takes one."""
+    if request.dimensions is not None and "dimensions" not in model.capabilities:
+        raise CapabilityMissing(
+            f"Model '{model.id}' does not take {param}: its vectors have one size.",
+            param=param,
+        )
 
 
 def fit_request_to_model(request: ChatRequest, model: Model) -> ChatRequest:

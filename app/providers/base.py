@@ -54,18 +54,27 @@ class EmbeddingRequest:
 
     ``inputs`` holds either texts or arrays of token ids, never both (the caller's
     ``input`` as one list); ``dimensions`` is the vector size asked for (None: the model's
-    own), ``user`` the caller's end-user id, passed on.
+    own), ``user`` the caller's end-user id, passed on. ``task_type`` (what the vectors are
+    for: ``RETRIEVAL_QUERY``, ...) and ``titles`` (a document's title per input, or None)
+    are Google's, passed on to upstreams that take them (Gemini) and ignored by the others.
     """
 
     model: str
     inputs: list[str] | list[list[int]]
     dimensions: int | None = None
     user: str | None = None
+    task_type: str | None = None
+    titles: tuple[str | None, ...] = ()
 
     @property
     def texts(self) -> list[str]:
         """The inputs given as text (none when they are token ids)."""
         return [item for item in self.inputs if type(item) is str]
+
+    @property
+    def title_texts(self) -> list[str]:
+        """The inputs' titles, for the upstreams that are sent them (Gemini)."""
+        return [title for title in self.titles if title]
 
     @property
     def token_arrays(self) -> list[list[int]]:

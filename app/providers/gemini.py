@@ -16,6 +16,11 @@ schemas keep none), so an earlier turn's function call goes back with the signat
 Google documents for calls whose own is not at hand (``SKIPPED_SIGNATURE``); without one
 Gemini 3 refuses the conversation. Requests the Gemini door passes through (``relay``) go
 on as sent, their signatures with them.
+
+Embedding models are called at ``:batchEmbedContents``, one request per input (text
+only: Gemini takes no token ids), with the task type, titles and vector size asked for.
+Google's answer reports ``usageMetadata.promptTokenCount`` on its current models; an
+answer without it is billed at the inputs counted, marked estimated.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ from app.providers.base import (
     ChatRequest,
     Chunk,
     Completion,
+    EmbeddingRequest,
+    Embeddings,
     NativeCall,
+    PromptContent,
     RouteTarget,
     UpstreamConfig,
     Usage,
@@ -56,6 +64,7 @@ from app.providers.transport import (
     received_chunks,
     release_response,
 )
+from app.providers.vectors import Vector, from_numbers
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +102,18 @@ MADE_UP_ID_PREFIX = "call_gm_"
 MISCONFIGURED_REASONS = frozenset({"API_KEY_INVALID", "API_KEY_EXPIRED"})
 MISCONFIGURED_STATUSES = frozenset({"FAILED_PRECONDITION", "PERMISSION_DENIED", "UNAUTHENTICATED"})
 RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+BATCH_EMBED = "batchEmbedContents"
 SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+def model_name(model: str) -> str:
+    """Return a model's resource name, as Google's bodies name it (``models/ID``)."""
+    return model if model.startswith(MODEL_COLLECTIONS) else f"models/{model}"
 
 
 def model_path(model: str, method: str) -> str:
     """Return the path of ``method`` on ``model`` below the base URL."""
-    name = model if model.startswith(MODEL_COLLECTIONS) else f"models/{model}"
-    return f"/{API_VERSION}/{name}:{method}"
+    return f"/{API_VERSION}/{model_name(model)}:{method}"
 
 
 def system_instruction(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -531,6 +545,37 @@ class StreamTranslation:
         return delta, reason
 
 
+def embed_requests(request: EmbeddingRequest, model: str) -> list[dict[str, Any]]:
+    """Build batchEmbedContents' ``requests``: one per input, with the request's options."""
+    if request.token_arrays:
+        raise UpstreamRejected("This model embeds text, not token ids.", param="input")
+    name, titles = model_name(model), request.titles or (None,) * len(request.inputs)
+    requests = []
+    for text, title in zip(request.texts, titles, strict=True):
+        item: dict[str, Any] = {"model": name, "content": {"parts": [{"text": text}]}}
+        if request.task_type is not None:
+            item["taskType"] = request.task_type
+        if title is not None:
+            item["title"] = title
+        if request.dimensions is not None:
+            item["outputDimensionality"] = request.dimensions
+        requests.append(item)
+    return requests
+
+
+def embedding_vectors(embeddings: Any, count: int) -> list[Vector]:
+    """Return the vectors of a batchEmbedContents answer: one per input, in their order."""
+    if not isinstance(embeddings, list) or len(embeddings) != count:
+        raise UpstreamError("The model's upstream answered without one vector per input.")
+    vectors = []
+    for item in embeddings:
+        vector = from_numbers(item.get("values") if isinstance(item, dict) else None)
+        if vector is None:
+            raise UpstreamError("The model's upstream answered a vector the gateway cannot read.")
+        vectors.append(vector)
+    return vectors
+
+
 class GeminiAdapter(HttpUpstreamAdapter):
     """Calls ``{base_url}/v1beta/models/{model}:generateContent`` and its stream.
 
@@ -539,6 +584,7 @@ class GeminiAdapter(HttpUpstreamAdapter):
     """
 
     kind = "gemini"
+    embeds = True
     default_base_url: ClassVar[str | None] = DEFAULT_BASE_URL
     # Gemini has ``mediaResolution``, not ``detail``: a low-detail image is billed in full.
     low_detail_image_tokens = None
@@ -546,7 +592,7 @@ class GeminiAdapter(HttpUpstreamAdapter):
     def __init__(self, upstream: UpstreamConfig) -> None:
         super().__init__(upstream)
         self.base_url = (upstream.base_url or DEFAULT_BASE_URL).rstrip("/")
-        self.urls: dict[tuple[str, bool], str] = {}
+        self.urls: dict[tuple[str, bool | str], str] = {}
 
     def url(self, model: str, *, stream: bool) -> str:
         """Return the prepared URL of a model's whole or streamed generation (kept per model)."""
@@ -620,6 +666,30 @@ class GeminiAdapter(HttpUpstreamAdapter):
         finally:
             # Also when the caller went away: the upstream stops generating at once.
             release_response(response, complete=complete)
+
+    def embed(self, request: EmbeddingRequest, target: RouteTarget) -> Embeddings:
+        """Ask batchEmbedContents for the inputs' vectors; count them if it reports no usage."""
+        model = target.upstream_model
+        key = (model, BATCH_EMBED)
+        if key not in self.urls:
+            self.urls[key] = prepared_url(self.base_url + model_path(model, BATCH_EMBED))
+        response = self.post(
+            self.urls[key],
+            {"requests": embed_requests(request, model)},
+            self.headers(),
+            stream=False,
+            public_model=request.model,
+            upstream_model=model,
+        )
+        answer = self.read_json(response)
+        vectors = embedding_vectors(answer.get("embeddings"), len(request.inputs))
+        metadata = answer.get("usageMetadata")
+        tokens = as_count(metadata.get("promptTokenCount")) if isinstance(metadata, dict) else 0
+        if tokens:
+            return Embeddings(vectors=vectors, usage=Usage(prompt_tokens=tokens))
+        content = PromptContent(texts=request.texts + request.title_texts)
+        usage = Usage(prompt_tokens=self.count_content_tokens(content, target), estimated=True)
+        return Embeddings(vectors=vectors, usage=usage)
 
     def post_native(
         self, call: NativeCall, target: RouteTarget, *, stream: bool

@@ -269,6 +269,12 @@ def embeddings_show(output: str) -> None:
     assert int(usage.split()[0]) == 6 and cost_at_end(usage) > 0
 
 
+def gemini_embeddings_show(output: str) -> None:
+    sizes, tokens, one = output.splitlines()
+    assert sizes == "2 8" and int(tokens) == 6
+    assert one.split()[0] == "256" and cost_at_end(one) > 0
+
+
 def langchain_embeddings_show(output: str) -> None:
     assert output.splitlines() == ["3 256", "True"]
 
@@ -288,6 +294,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "curl": curl_shows,
     "embeddings-python": embeddings_show,
     "embeddings-langchain": langchain_embeddings_show,
+    "gemini-embeddings": gemini_embeddings_show,
 }
 EXAMPLES = marked_examples()
 

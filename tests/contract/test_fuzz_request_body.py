@@ -595,3 +595,50 @@ def test_an_embeddings_body_of_any_shape_gets_vectors_or_the_envelope(client, fu
         headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
     )
     assert_embeddings_answer_is_sound(response.status_code, response.get_data())
+
+
+gemini_part = st.fixed_dictionaries({}, optional={"text": ODD_TEXT, "inlineData": ANY_JSON})
+embed_content_body = st.fixed_dictionaries(
+    {"content": st.fixed_dictionaries({"parts": st.lists(gemini_part, max_size=3)})},
+    optional={
+        "model": st.sampled_from(["models/dev-embed", "dev-embed", "models/dev-chat"]),
+        "taskType": st.sampled_from(["RETRIEVAL_QUERY", "CLUSTERING", "retrieval"]),
+        "title": ODD_TEXT,
+        "outputDimensionality": st.integers(-2, 400) | HUGE,
+    },
+)
+batch_embed_body = st.fixed_dictionaries({"requests": st.lists(embed_content_body, max_size=4)})
+
+
+def assert_gemini_embedding_answer_is_sound(status: int, payload: bytes, batch: bool) -> None:
+    hypothesis.event(f"status {status}")
+    assert status < 500, payload[:500]
+    answer = json.loads(payload)
+    if status >= 400:
+        assert set(answer) == {"error"}
+        assert set(answer["error"]) == {"code", "message", "status"}
+        assert answer["error"]["code"] == status
+    else:
+        vectors = answer["embeddings"] if batch else [answer["embedding"]]
+        assert vectors and all(vector["values"] for vector in vectors)
+        assert answer["usageMetadata"]["cost"]["totalCost"] >= 0
+
+
+@FUZZ_SETTINGS
+@given(
+    model=st.sampled_from(["dev-embed", "dev-embed-latest", "dev-chat"]),
+    batch=st.booleans(),
+    data=st.data(),
+)
+def test_a_gemini_embedding_body_of_any_shape_gets_vectors_or_googles_envelope(
+    client, fuzz_key, model, batch, data
+):
+    shape = batch_embed_body if batch else embed_content_body
+    body = data.draw(retyped_somewhere(shape) | shape)
+    method = "batchEmbedContents" if batch else "embedContent"
+    response = client.post(
+        f"/v1beta/models/{model}:{method}",
+        data=encode(body),
+        headers={"x-goog-api-key": fuzz_key, "Content-Type": "application/json"},
+    )
+    assert_gemini_embedding_answer_is_sound(response.status_code, response.get_data(), batch)

@@ -115,6 +115,8 @@ def test_the_document_covers_the_public_api():
     assert {
         "/v1beta/models/{model}:streamGenerateContent",
         "/v1beta/models/{model}:countTokens",
+        "/v1beta/models/{model}:embedContent",
+        "/v1beta/models/{model}:batchEmbedContents",
         "/v1beta/models",
         "/v1beta/models/{model}",
     } <= set(document["paths"])
@@ -158,6 +160,12 @@ def test_the_document_covers_the_public_api():
     assert embeddings["operationId"] == "createEmbeddings"
     assert ERROR_STATUSES - {"404"} <= set(embeddings["responses"])
     assert schemas["EmbeddingUsage"]["properties"]["cost"] == {"$ref": "#/components/schemas/Cost"}
+    for method in ("embedContent", "batchEmbedContents"):
+        operation = document["paths"][f"/v1beta/models/{{model}}:{method}"]["post"]
+        assert operation["operationId"] == method
+        assert ERROR_STATUSES <= set(operation["responses"])
+    usage = schemas["GeminiEmbeddingUsageMetadata"]
+    assert usage["required"] == ["promptTokenCount", "cost"]
 
 
 def test_the_messages_and_responses_bodies_are_documented_in_their_shapes():

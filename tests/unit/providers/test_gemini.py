@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from app.providers.base import ChatRequest, NativeCall, RouteTarget, UpstreamConfig, Usage
+from app.providers.base import (
+    ChatRequest,
+    EmbeddingRequest,
+    NativeCall,
+    RouteTarget,
+    UpstreamConfig,
+    Usage,
+)
 from app.providers.errors import (
     UpstreamError,
     UpstreamMisconfigured,
@@ -19,6 +26,7 @@ from app.providers.gemini import (
     SKIPPED_SIGNATURE,
     GeminiAdapter,
     StreamTranslation,
+    embedding_vectors,
     generate_request,
     usage_from,
 )
@@ -484,3 +492,23 @@ def test_an_output_limit_too_small_for_any_thinking_budget_leaves_the_models_def
     assert body["generationConfig"] == {"maxOutputTokens": 150}
     body = generate_request(chat(params={"reasoning_effort": "low", "max_tokens": 200}), TARGET)
     assert body["generationConfig"]["thinkingConfig"]["thinkingBudget"] == 150
+
+
+def test_an_embedding_answer_is_read_only_with_one_vector_of_numbers_per_input():
+    two = [{"values": [0.5, -0.25]}, {"values": [1.0, 0.0]}]
+
+    assert [vector.as_floats() for vector in embedding_vectors(two, 2)] == [
+        [0.5, -0.25],
+        [1.0, 0.0],
+    ]
+    for answer in (two[:1], None, [{"values": "AAAA"}, two[1]], [{}, two[1]], [[0.5], two[1]]):
+        with pytest.raises(UpstreamError):
+            embedding_vectors(answer, 2)
+
+
+def test_token_ids_are_refused_before_google_is_called(adapter, replay_server):
+    request = EmbeddingRequest(model="gemini-embedding", inputs=[[1, 2, 3]])
+
+    with pytest.raises(UpstreamRejected, match="not token ids"):
+        adapter.embed(request, TARGET)
+    assert replay_server.exchanges == []
