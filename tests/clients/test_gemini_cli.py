@@ -175,6 +175,8 @@ capabilities = ["tools", "json_schema", "reasoning", "vision"]
 pricing = {{{{ prompt = 0.30, completion = 2.50, cached_read = 0.03 }}}}
 routes = [{{{{ upstream = "google", model = "gemini-2.5-flash" }}}}]
 """
+# The signature on the list_directory call of gemini_stream_cli_list_directory.
+SIGNATURE = "CiQB0e2Kb3Rlc3Qtb25seS1jbGktbGlzdC1zaWduYXR1cmUtbm90LXJlYWw="
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "clients" / "gemini.md"
 FLASH = "/google/v1beta/models/gemini-2.5-flash:"
 FLASH_LITE = "/google/v1beta/models/gemini-2.5-flash-lite:"
@@ -214,14 +216,20 @@ def reported_usage(transcript: str) -> dict:
     return loads(body)["usageMetadata"]
 
 
-def assert_charged_what_google_reported(app, gateway, funded_key, answered: dict[str, str]):
-    """Each model in ``answered`` billed once, at the catalog's price of its transcript's usage."""
+def assert_charged_what_google_reported(
+    app, gateway, funded_key, answered: list[tuple[str, str]]
+) -> list:
+    """Each (model, transcript) in ``answered`` billed once, at its price of the usage reported."""
     account, generations, charges, holds = billing_records(app, funded_key.account_id)
-    assert sorted(g.model for g in generations) == sorted(answered)
-    for generation in generations:
-        pricing = gateway.catalog.resolve(generation.model).pricing
-        expected = cost_of(usage_from(reported_usage(answered[generation.model])), pricing)
-        assert generation.api == "gemini" and generation.cost == expected > 0
+    expected = [
+        (
+            model,
+            cost_of(usage_from(reported_usage(transcript)), gateway.catalog.resolve(model).pricing),
+        )
+        for model, transcript in answered
+    ]
+    assert sorted((g.model, g.cost) for g in generations) == sorted(expected)
+    assert all(g.api == "gemini" and g.cost > 0 for g in generations)
     assert sorted(c.amount for c in charges) == sorted(-g.cost for g in generations)
     assert account.reserved == 0 and all(hold.status == "settled" for hold in holds)
     assert account.balance == Decimal("10") - sum(g.cost for g in generations)
@@ -254,9 +262,56 @@ def test_gemini_cli_on_a_gemini_upstream_is_passed_through_and_charged_googles_u
     assert sent["contents"][-1]["parts"][-1] == {"text": "Which is greater, 9.8 or 9.11?"}
     assert sent["tools"][0]["functionDeclarations"], "the CLI's tools reach Google as sent"
     (generation,) = assert_charged_what_google_reported(
-        app, gemini_gateway, funded_key, {"gemini-gw": "gemini_stream"}
+        app, gemini_gateway, funded_key, [("gemini-gw", "gemini_stream")]
     )
     assert generation.streamed
+
+
+def test_a_tool_call_round_trip_on_a_gemini_upstream_sends_the_signature_back_as_it_came(
+    app, gemini_gateway, funded_key, scripted, tmp_path
+):
+    scripted.script(FLASH, Reply("gemini_stream_cli_list_directory"), Reply("gemini_stream"))
+
+    done = run_gemini(
+        gemini_gateway.url,
+        funded_key.key,
+        tmp_path / "home",
+        "--model",
+        "gemini-gw",
+        "--output-format",
+        "json",
+        "-p",
+        "Use list_directory on this folder",
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert answer["stats"]["tools"]["byName"]["list_directory"]["count"] == 1
+    assert answer["response"].strip() == "9.8 is greater than 9.11."
+    _, second = scripted.exchanges
+    (call,) = [
+        part
+        for content in second.json["contents"]
+        for part in content["parts"]
+        if "functionCall" in part
+    ]
+    # The CLI adds its own id to the call; the signature goes back as Google wrote it.
+    assert call["functionCall"]["name"] == "list_directory"
+    assert call["functionCall"]["args"] == {"dir_path": "."}
+    assert call["thoughtSignature"] == SIGNATURE and SIGNATURE.encode() in second.body
+    responses = [
+        part["functionResponse"]["name"]
+        for content in second.json["contents"]
+        for part in content["parts"]
+        if "functionResponse" in part
+    ]
+    assert responses == ["list_directory"]
+    assert_charged_what_google_reported(
+        app,
+        gemini_gateway,
+        funded_key,
+        [("gemini-gw", "gemini_stream_cli_list_directory"), ("gemini-gw", "gemini_stream")],
+    )
 
 
 def test_gemini_cli_on_a_translated_gemini_route_is_answered_and_charged(
@@ -284,7 +339,7 @@ def test_gemini_cli_on_a_translated_gemini_route_is_answered_and_charged(
     assert sent["contents"][-1]["parts"][-1]["text"].endswith("Which is greater, 9.8 or 9.11?")
     assert sent["tools"][0]["functionDeclarations"]
     assert_charged_what_google_reported(
-        app, gemini_gateway, funded_key, {"gemini-translated": "gemini_stream"}
+        app, gemini_gateway, funded_key, [("gemini-translated", "gemini_stream")]
     )
 
 
@@ -343,7 +398,7 @@ def test_without_model_the_clis_default_names_are_answered_by_catalog_aliases(
         app,
         gemini_gateway,
         funded_key,
-        {"gemini-gw-lite": router_says, "gemini-gw": "gemini_stream"},
+        [("gemini-gw-lite", router_says), ("gemini-gw", "gemini_stream")],
     )
     assert {g.model: g.streamed for g in generations} == {
         "gemini-gw-lite": False,
