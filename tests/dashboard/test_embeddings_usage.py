@@ -18,7 +18,7 @@ def test_usage_and_csv_name_the_embeddings_api_never_the_input(app, holder_clien
     assert answered.status_code == 200
 
     usage = client.get("/usage").text
-    assert "<td>embeddings</td>" in usage and "dev-embed" in usage
+    assert '<td data-label="API">embeddings</td>' in usage and "dev-embed" in usage
     rows = client.get("/usage.csv").text.splitlines()
     assert [row.split(",")[3] for row in rows[1:]] == ["embeddings"]
     assert "dev-embed" in rows[1]
