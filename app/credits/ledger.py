@@ -886,6 +886,22 @@ def record_progress(progress_by_hold: Sequence[tuple[str, dict[str, Any]]]) -> N
     write_transaction(lambda connection: connection.execute(statements.RECORD_PROGRESS, rows))
 
 
+def record_first_progress(hold_id: str, progress: dict[str, Any]) -> None:
+    """Keep a stream's progress before its first output goes out: one row, on the driver.
+
+    record_progress's UPDATE, handed to the driver: SQLAlchemy's execution of it (its
+    many-rows form, its cache lookup, its result) cost more than the statement, once
+    for every stream. On PostgreSQL it runs alone, prepared, on a kept connection.
+    """
+    parameters = {"hold_id": hold_id, "progress": progress}
+    write_transaction(
+        lambda connection: execute_on_driver(connection, statements.RECORD_PROGRESS, parameters),
+        alone=lambda: len(
+            execute_alone(statements.RECORD_PROGRESS_ALONE, parameters, prepared=True)
+        ),
+    )
+
+
 def expired_holds_with_progress(*, limit: int = 500) -> list[tuple[HeldCredit, dict[str, Any]]]:
     """Return open holds past their expiry whose stream recorded progress, with it.
 

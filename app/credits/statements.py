@@ -354,6 +354,8 @@ RECORD_PROGRESS = (
     .where(holds.c.id == bindparam("hold_id"), holds.c.status == OPEN)
     .values(progress=bindparam("progress"))
 )
+# The same, run alone (execute_alone): its RETURNING gives the driver rows to read.
+RECORD_PROGRESS_ALONE = RECORD_PROGRESS.returning(holds.c.id)
 
 # A charge totalled into its account's, key's, model's and UTC hour's row: the same
 # INSERT ... ON CONFLICT DO UPDATE on SQLite and PostgreSQL. Its parameters are named

@@ -34,7 +34,7 @@ from app.credits.ledger import (
     Shortfall,
     hour_of,
     place_hold,
-    record_progress,
+    record_first_progress,
     settle_hold,
 )
 from app.database import BoundStatement, utcnow
@@ -402,7 +402,7 @@ def record_progress_before_output(generation: Generation) -> None:
     (``settle_interrupted``).
     """
     generation.progress_recorded = True
-    record_progress([(generation.hold.id, progress_of(generation, always=True))])
+    record_first_progress(generation.hold.id, progress_of(generation, always=True))
 
 
 def _end_stream(generation: Generation, meter: Meter) -> StreamEnd:

@@ -53,7 +53,7 @@ from app.generations import audit as audit_module
 from app.generations import idempotency, prompts, retention
 from app.generations import lifecycle as generations
 from app.generations.audit import audit_ledger
-from app.generations.lifecycle import Generation, relay_generation
+from app.generations.lifecycle import Generation, relay_generation, relay_stream
 from app.generations.models import CHAT, MESSAGES, RESPONSES
 from app.generations.models import Generation as GenerationRecord
 from app.messages import native
@@ -66,6 +66,7 @@ from app.providers import cooldown
 from app.providers.base import ChatRequest, Route, RouteTarget, Usage
 from app.providers.cooldown import LocalCooldowns, cooldown_policy, upstream_cooldowns
 from app.responses import conversation as response_conversation
+from app.responses import native as responses_native
 from app.responses import store as response_store
 from app.responses.bodies import EventWriter
 from app.responses.conversation import Turn
@@ -233,6 +234,22 @@ class Workers:
         self.serving = worker
         try:
             return start_native(key_value, model, body, clock, ttl)
+        finally:
+            self.serving = None
+
+    def start_native_response(
+        self,
+        worker: int,
+        key_value: str,
+        model: Model,
+        body: dict[str, Any],
+        clock: SimulatedClock,
+        ttl: int,
+    ) -> tuple[Generation, Turn, dict[str, Any]] | Shortage | int:
+        """``start_native_response`` in ``worker``, which renews its hold from then on."""
+        self.serving = worker
+        try:
+            return start_native_response(key_value, model, body, clock, ttl)
         finally:
             self.serving = None
 
@@ -461,12 +478,13 @@ def native_body(
     found: int,
     searches: int,
     tier: str | None = None,
+    stream: bool = False,
 ) -> dict[str, Any]:
     """The Messages body of passed-through request ``number``.
 
     Most of its prompt sits in a ``search_result`` block, which the translation does not
     read (``found`` words of it); it offers web search, ``searches`` calls at most; it
-    asks for the service ``tier``, if one.
+    asks for the service ``tier``, if one, and for a stream if ``stream``.
     """
     result = {
         "type": "search_result",
@@ -484,6 +502,8 @@ def native_body(
     }
     if tier is not None:
         body["service_tier"] = tier
+    if stream:
+        body["stream"] = True
     return body
 
 
@@ -523,6 +543,123 @@ def relay_whole(generation: Generation, body: dict[str, Any]) -> dict[str, Any]:
     call = native.native_call(body, generation, {}, stream=False)
     answer, usage, cost = relay_generation(generation, call, native.whole_outcome(generation))
     return native.answered(answer.decoded, generation, cost, usage)
+
+
+def open_native_stream(
+    generation: Generation, body: dict[str, Any]
+) -> Iterator[list[dict[str, Any]]]:
+    """What the caller of a streamed Messages request passed through receives, send by send.
+
+    The door's writer sends each upstream read's completed events as they came (up to
+    the next flush point), and the kept-back end with its cost; each send is read back
+    into its events' bodies.
+    """
+    relayed = native.RelayedStream(generation)
+    call = native.native_call(body, generation, {}, stream=True)
+    return _sends(relayed.events(relay_stream(generation, call, relayed)))
+
+
+def _sends(framed: Iterator[bytes | None]) -> Iterator[list[dict[str, Any]]]:
+    """The bodies of a relayed stream's sends: its frames up to each flush point."""
+    send: list[dict[str, Any]] = []
+    try:
+        for item in framed:
+            if item:
+                send += events_of(item)
+            elif item is None and send:
+                yield send
+                send = []
+        if send:
+            yield send
+    finally:
+        framed.close()
+
+
+def native_response_body(number: int, model: Model, *, max_tokens: int) -> dict[str, Any]:
+    """The Responses body of passed-through request ``number``: streamed, not stored."""
+    return {
+        "model": model.id,
+        "input": [{"role": "user", "content": f"simulated request {number}"}],
+        "max_output_tokens": max_tokens,
+        "stream": True,
+        "store": False,
+        SCRIPT_FIELD: number,
+    }
+
+
+def native_response_terms(
+    body: dict[str, Any], model: Model, account_id: int
+) -> tuple[int, Surcharges]:
+    """The prompt tokens and surcharges of a Responses body the gateway passes through.
+
+    Those of the body it forwards, as its door counts them.
+    """
+    request = parse_response_request(body)
+    sent = responses_native.sent_items(body, request)
+    turn = Turn(
+        request, account_id=account_id, response_id=new_response_id(), ttl_days=1, sent=sent
+    )
+    forwarded = responses_native.forwarded_body(turn, body)
+    prompt = prompts.sent_prompt(forwarded, responses_native.SENT_BODY, model)
+    db.session.rollback()
+    return prompt.count(), responses_native.surcharges_of(body, passed_through=True)
+
+
+def start_native_response(
+    key_value: str, model: Model, body: dict[str, Any], clock: SimulatedClock, ttl: int
+) -> tuple[Generation, Turn, dict[str, Any]] | Shortage | int:
+    """Start a Responses request passed through, as its door does; or return why not.
+
+    Returns its generation, its turn and the body forwarded to the upstream.
+    """
+    caller = keys.find_caller(key_value)
+    if caller is None or caller.state != ACTIVE:
+        db.session.rollback()
+        return UNAUTHORIZED if caller is None else REVOKED
+    request = parse_response_request(body)
+    sent = responses_native.sent_items(body, request)
+    turn = Turn(
+        request,
+        account_id=caller.account_id,
+        response_id=new_response_id(),
+        ttl_days=RESPONSES_TTL_DAYS,
+        sent=sent,
+    )
+    forwarded = responses_native.forwarded_body(turn, body)
+    try:
+        generation = generations.start_generation(
+            caller=caller,
+            model=model,
+            request=responses_native.passed_request(request),
+            hold_ttl_seconds=ttl,
+            generation_id=turn.draft.id,
+            api=RESPONSES,
+            surcharges=responses_native.surcharges_of(body, passed_through=True),
+            prompt=prompts.sent_prompt(forwarded, responses_native.SENT_BODY, model),
+        )
+    except InsufficientCredits as refusal:
+        db.session.rollback()
+        return shortage(refusal)
+    generation.started = clock.monotonic()
+    return generation, turn, forwarded
+
+
+def open_native_response_stream(
+    generation: Generation, turn: Turn, forwarded: dict[str, Any]
+) -> Iterator[list[dict[str, Any]]]:
+    """What the caller of a streamed Responses request passed through receives, send by send."""
+    relayed = responses_native.RelayedStream(turn, generation)
+    call = responses_native.native_call(turn, forwarded, generation)
+    return _sends(relayed.events(relay_stream(generation, call, relayed)))
+
+
+def events_of(framed: bytes) -> list[dict[str, Any]]:
+    """The bodies of the server-sent events in ``framed``."""
+    return [
+        json.loads(line[len(b"data: ") :], parse_float=Decimal)
+        for line in framed.splitlines()
+        if line.startswith(b"data: ")
+    ]
 
 
 def start(
@@ -751,6 +888,19 @@ def _content_tokens(body: dict[str, Any]) -> int:
         return len(body["delta"].split())
     delta = body.get("delta") if body["type"] == "content_block_delta" else None
     return len(delta["text"].split()) if delta and delta["type"] == "text_delta" else 0
+
+
+def ends_generation(send: list[dict[str, Any]]) -> bool:
+    """Whether a relayed stream's send is the one its upstream ended the generation in.
+
+    The simulated upstream sends the end of the text in the read that brings the event
+    the door keeps back for the end, with its cost: Messages' text block's stop with
+    ``message_delta``, Responses' ``response.output_text.done`` with its last event.
+    """
+    return any(body.get("type") in TEXT_ENDS for body in send)
+
+
+TEXT_ENDS = ("content_block_stop", "response.output_text.done")
 
 
 def send_cost(send: list[dict[str, Any]]) -> Decimal | None:
@@ -1132,6 +1282,22 @@ def plant_tier_priced_at_one(monkeypatch: pytest.MonkeyPatch) -> None:
         return priced_tier(*args)[0], Decimal(1)
 
     monkeypatch.setattr(generations, "priced_tier", at_one)
+
+
+def plant_relayed_usage_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the relayed Messages stream on purpose: only message_start's usage is kept.
+
+    Its ``message_delta``, whose usage holds the whole output and the web searches, is
+    read for its stop reason alone: a stream that ran to its end is billed for one
+    output token.
+    """
+    take_usage = native.RelayedStream.take_usage
+
+    def first_usage_only(stream: native.RelayedStream, usage: Any) -> None:
+        if not stream.counts:
+            take_usage(stream, usage)
+
+    monkeypatch.setattr(native.RelayedStream, "take_usage", first_usage_only)
 
 
 def plant_chains_of_any_account(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import random
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -165,6 +165,11 @@ class SimRequest:
     # progress was last recorded: then nothing can have gone out since.
     recorded_ended: bool = False
     death_checked: bool = False
+    # A relayed stream: whether its upstream's last event came (Messages' message_delta,
+    # Responses' response.completed), its usage complete.
+    upstream_ended: bool = False
+    # A Responses request passed through: the body its upstream is sent.
+    forwarded: dict[str, Any] | None = None
     # A Responses API request: whether it is stored, the response it continues, and its
     # place in the conversation (the door's Turn).
     api: str = "chat"
@@ -407,16 +412,21 @@ class Simulation:
         return f"start {request.name} max_tokens={request.max_tokens}: {described}"
 
     def start_native(self, request: SimRequest, value: str, expected: int | None) -> str:
-        """The request is a whole Messages one, passed through to an upstream that serves them.
+        """The request is a Messages one, passed through to an upstream that serves them.
 
         Most of its prompt sits in a ``search_result`` block, which only the body's
         counting reads; the upstream answers with cache reads, writes of both TTLs and web
-        searches, which its charge must price at the catalog's rates.
+        searches, which its charge must price at the catalog's rates. Half of those with
+        some text to send are streamed, the upstream's events relayed as they come; half
+        of the streams are Responses requests instead (start_native_response).
         """
         draw = self.native_random
-        request.api, request.stream, request.model = "native", False, self.native_model
+        request.api, request.model = "native", self.native_model
         searches = draw.randint(1, 3)
         request.tier = "priority" if self.tier_random.random() < 0.4 else None
+        request.stream = draw.random() < 0.5 and bool(request.script.chunk_tokens)
+        if request.stream and draw.random() < 0.5:
+            return self.start_native_response(request, value, expected)
         request.body = driver.native_body(
             request.number,
             request.model,
@@ -424,6 +434,7 @@ class Simulation:
             found=draw.randint(20, 600),
             searches=searches,
             tier=request.tier,
+            stream=request.stream,
         )
         counted, request.surcharges = driver.native_terms(request.body, request.model)
         script = request.script
@@ -434,6 +445,32 @@ class Simulation:
         outcome = self.processes.start_native(
             request.worker, value, request.model, request.body, self.clock, self.ttl
         )
+        described = self.started(request, outcome, expected, forecast)
+        return f"start {request.name} max_tokens={request.max_tokens}: {described}"
+
+    def start_native_response(self, request: SimRequest, value: str, expected: int | None) -> str:
+        """The request is a streamed Responses one, passed through, not stored.
+
+        Its upstream's events are relayed as they come; only its last one reports the
+        usage: the prompt it read, with its cache reads.
+        """
+        request.api, request.tier = "native-responses", None
+        request.body = driver.native_response_body(
+            request.number, request.model, max_tokens=request.max_tokens
+        )
+        counted, request.surcharges = driver.native_response_terms(
+            request.body, request.model, request.account.id
+        )
+        script = request.script
+        script.prompt_estimate, script.bound_factor = counted, 1
+        self.native_adapter.scripts[request.number] = script
+        self.native_adapter.split[request.number] = self.native_split(0)
+        forecast = self.forecast(request) if expected is None else None
+        outcome = self.processes.start_native_response(
+            request.worker, value, request.model, request.body, self.clock, self.ttl
+        )
+        if isinstance(outcome, tuple):
+            outcome, request.turn, request.forwarded = outcome
         described = self.started(request, outcome, expected, forecast)
         return f"start {request.name} max_tokens={request.max_tokens}: {described}"
 
@@ -680,8 +717,14 @@ class Simulation:
         if not request.stream:
             return self.complete_whole(request, cap)
         if request.chunks is None:
-            if request.turn is not None:
+            if request.forwarded is not None:
+                request.chunks = driver.open_native_response_stream(
+                    request.generation, request.turn, request.forwarded
+                )
+            elif request.turn is not None:
                 request.chunks = driver.open_response_stream(request.generation, request.turn)
+            elif request.body is not None:
+                request.chunks = driver.open_native_stream(request.generation, request.body)
             else:
                 request.chunks = driver.open_stream(request.generation)
             request.state = STREAMING
@@ -691,15 +734,24 @@ class Simulation:
             return self.end(request, cap, completed=True, how="stream ended")
         except UpstreamError:
             return self.end(request, cap, completed=False, how="upstream broke off")
+        finally:
+            if request.body is not None:
+                self.check_sent(request)
         return self.received(request, send, cap)
 
     def received(self, request: SimRequest, send: list[dict[str, Any]], cap: Decimal) -> str:
         """Count what the caller got; a cost told means the stream has settled."""
         delivered = driver.delivered_tokens(send)
-        if request.recorded is None and delivered:
+        if request.recorded is None and request.body is not None:
+            # A relayed stream's progress is recorded before its first read goes out,
+            # with the usage that read brought (message_start's; none in Responses').
+            request.recorded = self.native_start_usage(request)
+        elif request.recorded is None and delivered:
             # Recorded before its first output went out: the prompt's early count, if any.
             early = request.script.early_prompt
             request.recorded = Usage() if early is None else Usage(prompt_tokens=early)
+        if driver.ends_generation(send):
+            request.upstream_ended = True
         request.delivered += delivered
         request.told_cost = driver.send_cost(send)
         if request.told_cost is not None:
@@ -878,7 +930,7 @@ class Simulation:
             if request.worker == worker and request.chunks is not None and fresh:
                 request.recorded = self.expected_usage(request, completed=False)
                 request.recorded_delivered = request.delivered
-                request.recorded_ended = request.delivered == request.script.completion_tokens
+                request.recorded_ended = self.generation_ended(request)
                 expected.append(request.number)
         if recorded != len(expected):
             self.fail([f"worker {worker} recorded {recorded} streams, expected {expected}"])
@@ -907,16 +959,37 @@ class Simulation:
             else:
                 self.budgets.settle(hold_id, sum(settled.charges, Decimal(0)), self.clock.now())
 
+    def generation_ended(self, request: SimRequest) -> bool:
+        """Whether the upstream ended the stream's generation: no more output can follow.
+
+        A chat chunk ends it with its finish reason, which comes with the last text; a
+        relayed stream with its last event (message_delta, response.completed).
+        """
+        if request.body is not None:
+            return request.upstream_ended
+        return request.delivered == request.script.completion_tokens
+
     def dead_usage(self, request: SimRequest) -> Usage:
         """What a dead stream is billed for: its progress, if its upstream had ended it.
 
         Else what went out since its last record is unknown: its output is billed at the
-        request's limit, its prompt at the upstream's early count or the hold's.
+        request's limit, its prompt at the upstream's early count or the hold's, a relayed
+        stream's web searches at the most its request allowed.
         """
         usage = request.recorded
         if request.recorded_ended:
             return usage
         limit = request.generation.request.max_output_tokens or request.model.max_output_tokens
+        if request.body is not None:
+            calls = dict(usage.tool_calls or {})
+            for tool, allowed in request.surcharges.tool_calls.items():
+                calls[tool] = max(calls.get(tool, 0), allowed)
+            return replace(
+                usage,
+                prompt_tokens=usage.prompt_tokens or request.held_prompt,
+                completion_tokens=max(usage.completion_tokens, limit),
+                tool_calls=calls or None,
+            )
         return Usage(
             prompt_tokens=usage.prompt_tokens or request.held_prompt,
             completion_tokens=max(usage.completion_tokens, limit),
@@ -1007,6 +1080,8 @@ class Simulation:
         script = request.script
         if completed and request.body is not None:
             return self.native_usage(request)
+        if request.body is not None:
+            return self.relayed_usage(request)
         if completed and script.reported is not None:
             return script.reported
         if request.delivered == 0:
@@ -1017,9 +1092,41 @@ class Simulation:
             prompt = script.prompt_estimate
         return Usage(prompt_tokens=prompt, completion_tokens=request.delivered)
 
+    def relayed_usage(self, request: SimRequest) -> Usage:
+        """What a relayed stream that did not reach its end is billed for.
+
+        The upstream's usage as it last came (message_start's, then message_delta's), its
+        output never below the delivered text's count; nothing when nothing was delivered.
+        """
+        if request.delivered == 0:
+            return Usage()
+        ended = request.upstream_ended
+        came = self.native_usage(request) if ended else self.native_start_usage(request)
+        if came.prompt_tokens == 0:
+            # No usage came yet (a Responses stream's is in its last event): the hold's.
+            came = replace(came, prompt_tokens=request.held_prompt)
+        completion = max(came.completion_tokens, request.delivered)
+        return replace(came, completion_tokens=completion)
+
+    def native_start_usage(self, request: SimRequest) -> Usage:
+        """The usage a relayed stream's first read brings.
+
+        Messages' message_start's (the prompt, one output token); none in Responses'
+        ``response.created``.
+        """
+        if request.forwarded is not None:
+            return Usage()
+        return replace(self.native_usage(request), completion_tokens=1, tool_calls=None)
+
     def native_usage(self, request: SimRequest) -> Usage:
         """What a passed-through request's upstream reported, in the gateway's terms."""
         split = self.native_adapter.split[request.number]
+        if request.forwarded is not None:
+            return Usage(
+                prompt_tokens=request.script.sent_prompt,
+                completion_tokens=request.script.completion_tokens,
+                cached_tokens=split.cache_read,
+            )
         return Usage(
             prompt_tokens=request.script.sent_prompt,
             completion_tokens=request.script.completion_tokens,

@@ -12,8 +12,11 @@ from tests.simulation import driver
 from tests.simulation.simulator import Simulation, SimulationFailure
 
 PLANTED_STEPS = 600
-# A seed whose schedule meets each planted bug within PLANTED_STEPS.
-PLANTED_SEED = 2
+# A seed whose schedule meets each planted bug within PLANTED_STEPS, but one.
+PLANTED_SEED = 4
+# The seed whose schedule retries an Idempotency-Key after its claim's TTL while its
+# generation charged something, within PLANTED_STEPS (PLANTED_SEED's does not).
+TAKEOVER_SEED = 3
 
 
 def test_the_money_path_keeps_its_invariants(app, monkeypatch, seed, steps, schedule_file):
@@ -37,7 +40,9 @@ def test_a_hold_placed_whatever_the_balance_is_caught(disposable_app, monkeypatc
     driver.plant_hold_without_balance_condition(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
     with pytest.raises(
-        SimulationFailure, match=r"(?s)seed 2, step \d+.*past the available balance.*--seed 2"
+        SimulationFailure,
+        match=rf"(?s)seed {PLANTED_SEED}, step \d+.*past the available balance"
+        rf".*--seed {PLANTED_SEED}",
     ):
         simulation.run()
 
@@ -45,14 +50,18 @@ def test_a_hold_placed_whatever_the_balance_is_caught(disposable_app, monkeypatc
 def test_a_hold_past_the_key_limit_is_caught(disposable_app, monkeypatch):
     driver.plant_hold_past_the_key_limit(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*past its key's budget"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*past its key's budget"
+    ):
         simulation.run()
 
 
 def test_a_hold_past_the_member_budget_is_caught(disposable_app, monkeypatch):
     driver.plant_hold_past_the_member_budget(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*past its member's budget"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*past its member's budget"
+    ):
         simulation.run()
 
 
@@ -60,7 +69,8 @@ def test_rollups_that_miss_requests_are_caught(disposable_app, monkeypatch):
     driver.plant_rollups_that_miss_requests(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
     with pytest.raises(
-        SimulationFailure, match=r"(?s)seed 2, step \d+.*usage rollup .* requests 0 but"
+        SimulationFailure,
+        match=rf"(?s)seed {PLANTED_SEED}, step \d+.*usage rollup .* requests 0 but",
     ):
         simulation.run()
 
@@ -69,7 +79,8 @@ def test_a_settlement_run_twice_is_caught(disposable_app, monkeypatch):
     driver.plant_settlement_that_forgets(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
     with pytest.raises(
-        SimulationFailure, match=r"(?s)seed 2, step \d+.*(IntegrityError|AlreadyRecorded)"
+        SimulationFailure,
+        match=rf"(?s)seed {PLANTED_SEED}, step \d+.*(IntegrityError|AlreadyRecorded)",
     ):
         simulation.run()
 
@@ -77,35 +88,45 @@ def test_a_settlement_run_twice_is_caught(disposable_app, monkeypatch):
 def test_a_charge_of_the_whole_hold_is_caught(disposable_app, monkeypatch):
     driver.plant_charge_of_the_whole_hold(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*charged .* expected"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*charged .* expected"
+    ):
         simulation.run()
 
 
 def test_usage_beyond_the_hold_left_unpaid_is_caught(disposable_app, monkeypatch):
     driver.plant_charge_capped_at_the_hold(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*charged .* expected"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*charged .* expected"
+    ):
         simulation.run()
 
 
 def test_a_claim_taken_over_whatever_it_charged_is_caught(disposable_app, monkeypatch):
     driver.plant_claim_taken_over_after_its_ttl(monkeypatch)
-    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*retry of idem-"):
+    simulation = Simulation(disposable_app, monkeypatch, seed=TAKEOVER_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {TAKEOVER_SEED}, step \d+.*retry of idem-"
+    ):
         simulation.run()
 
 
 def test_a_dead_streams_progress_left_unbilled_is_caught(disposable_app, monkeypatch):
     driver.plant_progress_never_recorded(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*recorded 0 streams"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*recorded 0 streams"
+    ):
         simulation.run()
 
 
 def test_a_response_continued_by_another_account_is_caught(disposable_app, monkeypatch):
     driver.plant_chains_of_any_account(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*(should get|expected) 404"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*(should get|expected) 404"
+    ):
         simulation.run()
 
 
@@ -113,7 +134,8 @@ def test_a_block_the_prompt_counter_skips_is_caught(disposable_app, monkeypatch)
     driver.plant_uncounted_block(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
     with pytest.raises(
-        SimulationFailure, match=r"(?s)seed 2, step \d+.*its upstream was sent .* past its hold"
+        SimulationFailure,
+        match=rf"(?s)seed {PLANTED_SEED}, step \d+.*its upstream was sent .* past its hold",
     ):
         simulation.run()
 
@@ -121,5 +143,17 @@ def test_a_block_the_prompt_counter_skips_is_caught(disposable_app, monkeypatch)
 def test_a_tier_priced_at_one_is_caught(disposable_app, monkeypatch):
     driver.plant_tier_priced_at_one(monkeypatch)
     simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
-    with pytest.raises(SimulationFailure, match=r"(?s)seed 2, step \d+.*native.*charged"):
+    with pytest.raises(
+        SimulationFailure, match=rf"(?s)seed {PLANTED_SEED}, step \d+.*native.*charged"
+    ):
+        simulation.run()
+
+
+def test_a_relayed_stream_billed_at_its_first_usage_is_caught(disposable_app, monkeypatch):
+    driver.plant_relayed_usage_read_once(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    with pytest.raises(
+        SimulationFailure,
+        match=rf"(?s)seed {PLANTED_SEED}, step \d+.*native stream.*recorded tokens",
+    ):
         simulation.run()

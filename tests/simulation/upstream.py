@@ -26,6 +26,14 @@ from app.providers.errors import UpstreamError, UpstreamTimeout
 
 SCRIPT_FIELD = "simulation_request"
 WORD = "tok"
+# The events of a passed-through Messages stream around its text.
+TEXT_BLOCK = {
+    "type": "content_block_start",
+    "index": 0,
+    "content_block": {"type": "text", "text": ""},
+}
+BLOCK_STOP = {"type": "content_block_stop", "index": 0}
+MESSAGE_STOP = {"type": "message_stop"}
 
 
 @dataclass
@@ -167,14 +175,15 @@ def texts_of(value: object) -> list[str]:
 
 
 class SimulatedNativeAdapter(SimulatedAdapter):
-    """An upstream that serves Anthropic's Messages API itself: bodies pass through whole.
+    """An upstream that serves Anthropic's Messages API and OpenAI's Responses API itself.
 
-    It reads the prompt of what it is sent by its own rule, the words of every text of
-    the messages (whatever block holds them), and answers with usage that splits them
-    into cache reads and writes of both TTLs, plus the web searches its script says.
+    Bodies pass through whole. It reads the prompt of what it is sent by its own rule,
+    the words of every text of the messages or input items (whatever block holds them),
+    and answers Messages with usage that splits them into cache reads and writes of both
+    TTLs, plus the web searches its script says; Responses with its cache reads.
     """
 
-    native_apis = frozenset({"messages"})
+    native_apis = frozenset({"messages", "responses"})
 
     def __init__(self) -> None:
         super().__init__()
@@ -183,16 +192,130 @@ class SimulatedNativeAdapter(SimulatedAdapter):
 
     def relay(self, call: NativeCall, target: RouteTarget) -> NativeAnswer:
         """Answer the body whole, as the script says; note what was sent first."""
-        number = call.body[SCRIPT_FIELD]
-        script, split = self.scripts[number], self.split[number]
-        script.sent_prompt = sum(len(t.split()) for t in texts_of(call.body["messages"]))
-        script.sent_max_tokens = call.body["max_tokens"]
+        script, split = self.sent(call)
         if script.timed_out:
             raise UpstreamTimeout()
         if script.fail_before is not None:
             raise UpstreamError("The simulated upstream failed.")
+        text = {"type": "text", "text": words(script.completion_tokens)}
+        message = {
+            "id": f"msg_sim{call.body[SCRIPT_FIELD]}",
+            "type": "message",
+            "role": "assistant",
+            "content": [text],
+            "stop_reason": "end_turn",
+            "usage": self.usage(call, script, split),
+        }
+        body = json.dumps(message).encode()
+        return NativeAnswer(body=body, decoded=message)
+
+    def relay_stream(self, call: NativeCall, target: RouteTarget) -> Iterator[bytes]:
+        """Stream the answer as Anthropic does, one read per chunk, failing where it says.
+
+        The first read is ``message_start`` (the prompt's usage, one output token) with the
+        text block's start; the last brings the last text with the block's stop,
+        ``message_delta`` (the whole usage) and ``message_stop``. A script that fails
+        after its content (``fail_before`` = its chunks) sends the last text alone.
+        """
+        if call.api == "responses":
+            yield from self.relay_response_stream(call)
+            return
+        script, split = self.sent(call)
+        usage = self.usage(call, script, split)
+        started = {**usage, "output_tokens": 1}
+        del started["server_tool_use"]
+        message = {
+            "id": f"msg_sim{call.body[SCRIPT_FIELD]}",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "stop_reason": None,
+            "usage": started,
+        }
+        yield self.read(script, {"type": "message_start", "message": message}, TEXT_BLOCK)
+        chunks = script.chunk_tokens
+        for index, tokens in enumerate(chunks):
+            if index == script.fail_before:
+                raise UpstreamError("The simulated upstream broke off.")
+            delta = {"type": "content_block_delta", "index": 0}
+            delta["delta"] = {"type": "text_delta", "text": words(tokens)}
+            if index < len(chunks) - 1 or script.fail_before == len(chunks):
+                yield self.read(script, delta)
+                continue
+            ending = {"type": "message_delta", "usage": usage}
+            ending["delta"] = {"stop_reason": "end_turn", "stop_sequence": None}
+            yield self.read(script, delta, BLOCK_STOP, ending, MESSAGE_STOP)
+        if script.fail_before == len(chunks):
+            raise UpstreamError("The simulated upstream broke off before its usage.")
+
+    def relay_response_stream(self, call: NativeCall) -> Iterator[bytes]:
+        """Stream a Responses answer as OpenAI does, one read per chunk, failing as it says.
+
+        The first read is ``response.created`` with the message item's addition; the last
+        brings the last text with ``response.output_text.done`` and ``response.completed``,
+        whose response alone reports the usage (the prompt it read, its cache reads).
+        """
+        script, split = self.sent(call)
+        number = call.body[SCRIPT_FIELD]
+        response = {"id": f"resp_sim{number}", "object": "response", "output": [], "usage": None}
+        item = {"id": f"msg_sim{number}", "type": "message", "role": "assistant", "content": []}
+        created = {"type": "response.created", "response": {**response, "status": "in_progress"}}
+        added = {"type": "response.output_item.added", "output_index": 0, "item": item}
+        yield self.read(script, created, added)
+        chunks = script.chunk_tokens
+        for index, tokens in enumerate(chunks):
+            if index == script.fail_before:
+                raise UpstreamError("The simulated upstream broke off.")
+            delta = {"type": "response.output_text.delta", "delta": words(tokens)}
+            if index < len(chunks) - 1 or script.fail_before == len(chunks):
+                yield self.read(script, delta)
+                continue
+            text = words(script.completion_tokens)
+            done = {"type": "response.output_text.done", "text": text}
+            content = [{"type": "output_text", "text": text, "annotations": []}]
+            usage = {
+                "input_tokens": script.sent_prompt,
+                "input_tokens_details": {"cached_tokens": split.cache_read},
+                "output_tokens": script.completion_tokens,
+            }
+            answered = {
+                **response,
+                "status": "completed",
+                "output": [{**item, "status": "completed", "content": content}],
+                "usage": usage,
+            }
+            yield self.read(
+                script, delta, done, {"type": "response.completed", "response": answered}
+            )
+        if script.fail_before == len(chunks):
+            raise UpstreamError("The simulated upstream broke off before its response.")
+
+    @staticmethod
+    def read(script: UpstreamScript, *events: dict[str, object]) -> bytes:
+        """One read of the stream: ``events`` as server-sent events, or the read timing out."""
+        if script.timed_out:
+            raise UpstreamTimeout()
+        return b"".join(
+            f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
+        )
+
+    def sent(self, call: NativeCall) -> tuple[UpstreamScript, NativeUsage]:
+        """The script of the request ``call`` passes through; note what it was sent."""
+        number = call.body[SCRIPT_FIELD]
+        script, split = self.scripts[number], self.split[number]
+        if call.api == "responses":
+            script.sent_prompt = sum(len(t.split()) for t in texts_of(call.body["input"]))
+            script.sent_max_tokens = call.body["max_output_tokens"]
+        else:
+            script.sent_prompt = sum(len(t.split()) for t in texts_of(call.body["messages"]))
+            script.sent_max_tokens = call.body["max_tokens"]
+        return script, split
+
+    @staticmethod
+    def usage(call: NativeCall, script: UpstreamScript, split: NativeUsage) -> dict[str, object]:
+        """The usage the upstream reports: the prompt it read, split by its cache."""
         cached = split.cache_read + split.write_5m + split.write_1h
-        usage = {
+        return {
             "input_tokens": script.sent_prompt - cached,
             "output_tokens": script.completion_tokens,
             "cache_read_input_tokens": split.cache_read,
@@ -205,14 +328,3 @@ class SimulatedNativeAdapter(SimulatedAdapter):
             # Anthropic names the tier it served in: the one asked for, else its standard.
             "service_tier": call.body.get("service_tier") or "standard",
         }
-        text = {"type": "text", "text": words(script.completion_tokens)}
-        message = {
-            "id": f"msg_sim{number}",
-            "type": "message",
-            "role": "assistant",
-            "content": [text],
-            "stop_reason": "end_turn",
-            "usage": usage,
-        }
-        body = json.dumps(message).encode()
-        return NativeAnswer(body=body, decoded=message)
