@@ -9,7 +9,6 @@ balance changed without an entry, are each found at the first entry they broke.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -29,9 +28,14 @@ class ChainProblem:
     entry_id: int | None
     problem: str
 
+    @property
+    def where(self) -> str:
+        """Name the account, and the entry or its row."""
+        at = f"entry {self.entry_id}" if self.entry_id is not None else "its row"
+        return f"account {self.account_id}, {at}"
+
     def __str__(self) -> str:
-        where = f"entry {self.entry_id}" if self.entry_id is not None else "its row"
-        return f"account {self.account_id}, {where}: {self.problem}"
+        return f"{self.where}: {self.problem}"
 
 
 # How many entries are read at a time.
@@ -46,37 +50,25 @@ class ChainReport:
     problems: list[ChainProblem]
 
 
-def verify_chains(account_ids: list[int] | None = None) -> ChainReport:
-    """Recompute the chain of every account (of ``account_ids``); report where each breaks."""
-    query = select(Account.id, Account.balance, Account.ledger_head).order_by(Account.id)
-    if account_ids:
+def verify_chains(
+    account_ids: list[int] | None = None, *, after: dict[int, int] | None = None
+) -> ChainReport:
+    """Recompute the chain of every account (of ``account_ids``); report where each breaks.
+
+    ``after`` maps an account to an entry checked before (an audit's checkpoint): its
+    chain is taken up after it, the entry's digest and balance trusted.
+    """
+    query = select(Account.id).order_by(Account.id)
+    if account_ids is not None:
         query = query.where(Account.id.in_(account_ids))
-    accounts = db.session.execute(query).all()
+    accounts = db.session.scalars(query).all()
     db.session.commit()
     problems = []
-    for account_id, balance, head in accounts:
-        problem = _first_break(account_id, balance, head)
+    for account_id in accounts:
+        problem = _first_break(account_id, (after or {}).get(account_id))
         if problem is not None:
             problems.append(problem)
     return ChainReport(len(accounts), problems)
-
-
-def _entries(account_id: int) -> Iterator[Any]:
-    """Yield the account's entries in the order of their ids, a page at a time."""
-    after = 0
-    while True:
-        page = db.session.execute(
-            select(LedgerEntry)
-            .where(LedgerEntry.account_id == account_id, LedgerEntry.id > after)
-            .order_by(LedgerEntry.id)
-            .limit(VERIFY_PAGE)
-        ).scalars().all()
-        db.session.expunge_all()
-        db.session.commit()
-        yield from page
-        if len(page) < VERIFY_PAGE:
-            return
-        after = page[-1].id
 
 
 def fields_of(entry: Any) -> ChainedFields:
@@ -94,26 +86,93 @@ def fields_of(entry: Any) -> ChainedFields:
     )
 
 
-def _first_break(account_id: int, balance: Decimal, head: str) -> ChainProblem | None:
-    """Return where the account's chain first breaks; None if it holds."""
-    previous, running, last_id = GENESIS, Decimal(0), None
-    for entry in _entries(account_id):
-        problem = _entry_problem(entry, previous, running)
-        if problem is not None:
-            return ChainProblem(account_id, entry.id, problem)
-        previous, running, last_id = entry.entry_hash, entry.balance_after, entry.id
-    if head != previous:
-        after = f"after entry {last_id}" if last_id is not None else "at the start"
-        missing = f"its head is not its last entry's digest: entries {after} are missing"
-        return ChainProblem(account_id, None, missing)
-    if balance != running:
-        return ChainProblem(
-            account_id,
+class _BrokenAt(Exception):
+    """The chain broke at an entry (None: at the account's row), as the message says."""
+
+    def __init__(self, entry_id: int | None, problem: str) -> None:
+        super().__init__(problem)
+        self.entry_id, self.problem = entry_id, problem
+
+
+class _Walk:
+    """An account's chain followed entry by entry: the last digest, balance and id."""
+
+    def __init__(self, account_id: int, after: int | None) -> None:
+        self.account_id = account_id
+        self.previous, self.running, self.last_id = GENESIS, Decimal(0), after
+        if after is not None:
+            start = db.session.execute(
+                select(LedgerEntry.entry_hash, LedgerEntry.balance_after).where(
+                    LedgerEntry.id == after
+                )
+            ).first()
+            db.session.commit()
+            if start is None:
+                raise _BrokenAt(after, "the entry the last audit ended at is missing")
+            self.previous, self.running = start
+
+    def walk_on(self) -> dict[str, Decimal]:
+        """Check the entries after the last one walked; return each one's digest and balance.
+
+        :raise _BrokenAt: at the first that breaks the chain.
+        """
+        walked = {}
+        while True:
+            page = db.session.scalars(
+                select(LedgerEntry)
+                .where(
+                    LedgerEntry.account_id == self.account_id,
+                    LedgerEntry.id > (self.last_id or 0),
+                )
+                .order_by(LedgerEntry.id)
+                .limit(VERIFY_PAGE)
+            ).all()
+            db.session.expunge_all()
+            db.session.commit()
+            for entry in page:
+                problem = _entry_problem(entry, self.previous, self.running)
+                if problem is not None:
+                    raise _BrokenAt(entry.id, problem)
+                self.previous, self.running = entry.entry_hash, entry.balance_after
+                self.last_id = entry.id
+                walked[entry.entry_hash] = entry.balance_after
+            if len(page) < VERIFY_PAGE:
+                return walked
+
+
+def _first_break(account_id: int, after: int | None) -> ChainProblem | None:
+    """Return where the account's chain first breaks; None if it holds.
+
+    The account's row is read after its entries, and the entries written meanwhile
+    after it: a chain that grows while it is verified is not taken for a broken one.
+    """
+    try:
+        walk = _Walk(account_id, after)
+        walk.walk_on()
+        while True:
+            head, balance = db.session.execute(
+                select(Account.ledger_head, Account.balance).where(Account.id == account_id)
+            ).one()
+            db.session.commit()
+            leaves = {walk.previous: walk.running, **walk.walk_on()}
+            if head in leaves:
+                _check_balance(balance, leaves[head])
+                return None
+            if leaves.keys() == {walk.previous}:
+                after_id = f"after entry {walk.last_id}" if walk.last_id else "at the start"
+                missing = f"its head is not its last entry's digest: entries {after_id} are missing"
+                raise _BrokenAt(None, missing)
+    except _BrokenAt as broken:
+        return ChainProblem(account_id, broken.entry_id, broken.problem)
+
+
+def _check_balance(balance: Decimal, left: Decimal) -> None:
+    if balance != left:
+        raise _BrokenAt(
             None,
-            f"its balance is {balance:f} but its entries leave {running:f}: "
+            f"its balance is {balance:f} but its entries leave {left:f}: "
             "the balance was changed without an entry",
         )
-    return None
 
 
 def _entry_problem(entry: Any, previous: str, running: Decimal) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 
 import pytest
@@ -39,7 +40,7 @@ def every_kind_of_entry(account_id):
             connection,
             account_id=account_id,
             amount=Decimal("2"),
-            idempotency_key="order:1",
+            idempotency_key="code:1",
             description="paid",
         )
     )
@@ -198,3 +199,21 @@ def test_the_ledger_still_refuses_changes_to_a_chained_entry(app_context):
             {"id": account.id},
         )
     db.session.rollback()
+
+
+def test_the_audit_verifies_the_chain_too(tamperable):
+    app, account_id, ids = tamperable
+    register_once(app)
+    runner = app.test_cli_runner()
+    audit = ["ledger", "audit", "--account", str(account_id)]
+    assert runner.invoke(args=audit).exit_code == 0
+    with app.app_context():
+        # Nothing but the chain covers an entry's time.
+        tamper(
+            "UPDATE ledger_entries SET created_at = :at WHERE id = :id",
+            at=datetime(2020, 1, 1),
+            id=ids[3],
+        )
+    result = runner.invoke(args=audit)
+    assert result.exit_code == 1
+    assert f"mismatch: chain of account {account_id}, entry {ids[3]}: it differs" in result.output
