@@ -72,7 +72,7 @@ def verify_chains(
 
 
 def fields_of(entry: Any) -> ChainedFields:
-    """Return what ``entry``'s (a LedgerEntry's) digest covers, as stored."""
+    """Return what ``entry``'s (a LedgerEntry or a row of its columns) digest covers, as stored."""
     return ChainedFields(
         entry_id=entry.id,
         account_id=entry.account_id,
@@ -84,6 +84,21 @@ def fields_of(entry: Any) -> ChainedFields:
         created_at=entry.created_at,
         previous_hash=entry.previous_hash or "",
     )
+
+
+# What an entry's check reads of it: its rows, not objects the session would keep.
+_CHAINED = (
+    LedgerEntry.id,
+    LedgerEntry.account_id,
+    LedgerEntry.kind,
+    LedgerEntry.amount,
+    LedgerEntry.balance_after,
+    LedgerEntry.generation_id,
+    LedgerEntry.idempotency_key,
+    LedgerEntry.created_at,
+    LedgerEntry.previous_hash,
+    LedgerEntry.entry_hash,
+)
 
 
 class _BrokenAt(Exception):
@@ -118,8 +133,8 @@ class _Walk:
         """
         walked = {}
         while True:
-            page = db.session.scalars(
-                select(LedgerEntry)
+            page = db.session.execute(
+                select(*_CHAINED)
                 .where(
                     LedgerEntry.account_id == self.account_id,
                     LedgerEntry.id > (self.last_id or 0),
@@ -127,7 +142,6 @@ class _Walk:
                 .order_by(LedgerEntry.id)
                 .limit(VERIFY_PAGE)
             ).all()
-            db.session.expunge_all()
             db.session.commit()
             for entry in page:
                 problem = _entry_problem(entry, self.previous, self.running)
