@@ -12,7 +12,7 @@ from sqlalchemy import Integer, column, insert, table
 
 from app.auth.keys import DISPLAY_LENGTH, digest_key, generate_key
 from app.auth.models import ApiKey
-from app.credits.models import Account
+from app.credits.models import Account, LedgerEntry
 from app.database import Money, utcnow
 from app.extensions import db
 from app.generations.models import Generation
@@ -23,6 +23,11 @@ ACCOUNTS_AT_0018 = table(
       for name in ("email", "balance", "reserved", "created_at")),
     column("id"),
     column("is_admin"),
+)  # fmt: skip
+LEDGER_ENTRIES_AT_0018 = table(
+    "ledger_entries",
+    *(column(name, LedgerEntry.__table__.c[name].type)
+      for name in ("account_id", "kind", "amount", "generation_id", "created_at")),
 )  # fmt: skip
 API_KEYS_AT_0018 = table(
     "api_keys",

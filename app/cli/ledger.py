@@ -1,4 +1,4 @@
-"""``flask ledger audit``: check the ledger's books."""
+"""``flask ledger audit``, ``flask ledger verify``: check the ledger's books and its chains."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import click
 from app.cli.common import (
     OperatorGroup,
 )
+from app.credits.chain_audit import verify_chains
 from app.generations.audit import audit_ledger
 from app.payments.audit import payment_problems
 
@@ -43,4 +44,23 @@ def audit_command(account_ids: tuple[int, ...], full: bool) -> None:
         f"{len(report.estimated)} estimated"
     )
     if mismatches:
+        raise SystemExit(1)
+
+
+@ledger_cli.command("verify")
+@click.option(
+    "--account", "account_ids", type=int, multiple=True, help="Verify only this account (repeat)."
+)
+def verify_command(account_ids: tuple[int, ...]) -> None:
+    """Recompute every account's hash chain from its first entry; exit 1 if one is broken.
+
+    One line per broken chain, naming its first entry that differs from what was
+    chained, is missing or is out of order, or an account whose head or balance is not
+    its last entry's.
+    """
+    report = verify_chains(list(account_ids) or None)
+    for problem in report.problems:
+        click.echo(f"broken: {problem}", err=True)
+    click.echo(f"verified the chains of {report.accounts} accounts: {len(report.problems)} broken")
+    if report.problems:
         raise SystemExit(1)

@@ -48,6 +48,7 @@ from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
 from app.budgets import MONTH, calendar_start, window_parameters
 from app.credits import statements
+from app.credits.chain import epoch_micros
 from app.credits.errors import (
     AlreadyRecorded,
     GrantOutOfRange,
@@ -182,25 +183,29 @@ def grant_credits(
         description = description[:255]
     if idempotency_key and (entry := _grant_by_key(account_id, idempotency_key)):
         return _same_grant_or_raise(entry, amount), False
-    entry = LedgerEntry(
-        account_id=account_id,
-        kind=GRANT,
-        amount=amount,
-        idempotency_key=idempotency_key,
-        description=description,
-    )
-    db.session.add(entry)
-    # On SQLite an integer sum past 64 bits turns to a float: refuse it before it is written.
-    room = Account.balance <= MAX_MONEY - amount
-    granted = db.session.execute(
-        update(Account)
-        .where(Account.id == account_id, room)
-        .values(balance=Account.balance + amount)
-    )
-    if granted.rowcount != 1:
-        db.session.rollback()
-        raise GrantOutOfRange(f"the balance would pass the most the ledger holds: {MAX_MONEY} USD")
     try:
+        connection = db.session.connection()
+        chained = _append_entry(
+            connection,
+            account_id=account_id,
+            kind=GRANT,
+            amount=amount,
+            reference=idempotency_key,
+            note=description,
+            guard=statements.WITHIN_MAX_BALANCE,
+        )
+        if not chained:
+            db.session.rollback()
+            raise GrantOutOfRange(
+                f"the balance would pass the most the ledger holds: {MAX_MONEY} USD"
+            )
+        # The account's row is locked (or SQLite's write lock held): its last entry is this one.
+        entry = db.session.scalar(
+            select(LedgerEntry)
+            .where(LedgerEntry.account_id == account_id)
+            .order_by(LedgerEntry.id.desc())
+            .limit(1)
+        )
         db.session.commit()
     except IntegrityError:
         # A concurrent grant with the same key won the race: return its entry.
@@ -235,14 +240,17 @@ def grant_within(
     (IntegrityError), whatever the caller's own guard missed.
     """
     _refuse_out_of_range(amount)
-    granted = connection.execute(
-        update(Account)
-        .where(Account.id == account_id, Account.balance <= MAX_MONEY - amount)
-        .values(balance=Account.balance + amount)
+    chained = _append_entry(
+        connection,
+        account_id=account_id,
+        kind=GRANT,
+        amount=amount,
+        reference=idempotency_key,
+        note=description,
+        guard=statements.WITHIN_MAX_BALANCE,
     )
-    if granted.rowcount != 1:
+    if not chained:
         raise GrantOutOfRange(f"the balance would pass the most the ledger holds: {MAX_MONEY} USD")
-    _insert_entry(connection, account_id, GRANT, amount, idempotency_key, description)
 
 
 def take_back_within(
@@ -260,30 +268,52 @@ def take_back_within(
     and the balance may go below zero, which refuses every new hold until it is paid back.
     """
     _refuse_out_of_range(amount)
-    connection.execute(
-        update(Account).where(Account.id == account_id).values(balance=Account.balance - amount)
+    _append_entry(
+        connection,
+        account_id=account_id,
+        kind=TAKE_BACK,
+        amount=-amount,
+        reference=idempotency_key,
+        note=description,
     )
-    _insert_entry(connection, account_id, TAKE_BACK, -amount, idempotency_key, description)
 
 
-def _insert_entry(
+def _append_entry(
     connection: Connection,
+    *,
     account_id: int,
     kind: str,
     amount: Decimal,
-    idempotency_key: str,
-    description: str,
-) -> None:
-    entry = {
+    generation_id: str | None = None,
+    reference: str | None = None,
+    note: str | None = None,
+    released: Decimal = Decimal(0),
+    guard: Any = None,
+) -> bool:
+    """Add ``amount`` to the balance with its entry, chained; return False if ``guard`` refused.
+
+    ``released`` is given back of the account's reservation in the same UPDATE. On
+    PostgreSQL one statement; on SQLite the entry, then the UPDATE that moves the
+    balance and the head to it (statements.insert_chained_entry).
+    """
+    now = utcnow()
+    parameters = {
         "account_id": account_id,
-        "kind": kind,
-        "amount": amount,
-        "generation_id": None,
-        "idempotency_key": idempotency_key,
-        "description": description[:255],
-        "created_at": utcnow(),
+        "charge": -amount,
+        "released": released,
+        "entry_kind": kind,
+        "entry_generation": generation_id,
+        "entry_reference": reference,
+        "entry_note": note[:255] if note else note,
+        "entry_at": now,
+        "entry_micros": epoch_micros(now),
     }
-    connection.execute(statements.INSERT_ENTRY, entry)
+    if connection.dialect.name == "postgresql":
+        return execute_on_driver(connection, statements.chained_debit_alone(guard), parameters) == 1
+    if execute_on_driver(connection, statements.insert_chained_entry(guard), parameters) != 1:
+        return False
+    execute_on_driver(connection, statements.DEBIT_TO_NEW_HEAD, parameters)
+    return True
 
 
 def _grant_by_key(account_id: int, idempotency_key: str) -> LedgerEntry | None:
@@ -729,11 +759,11 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
     now = utcnow()
     parameters.update(
         hold_id=hold.id,
-        holder_id=hold.account_id,
         charge=cost,
         released=hold.amount,
         key_id=hold.key_id,
         used_at=now,
+        used_micros=epoch_micros(now),
         generation_id=writes.generation_id,
     )
     if hold.key_id is not None:
@@ -764,27 +794,23 @@ def _settle_steps(
     else:
         charge = cost if cost <= reserved else _payable(connection, hold, cost, reserved)
     now = utcnow()
-    execute_on_driver(
-        connection,
-        statements.DEBIT,
-        {"account_id": hold.account_id, "charge": charge, "released": reserved},
-    )
+    if charge > 0:
+        _append_entry(
+            connection,
+            account_id=hold.account_id,
+            kind=CHARGE,
+            amount=-charge,
+            generation_id=writes.generation_id,
+            released=reserved,
+        )
+    else:
+        debit = {"account_id": hold.account_id, "charge": charge, "released": reserved}
+        execute_on_driver(connection, statements.DEBIT, debit)
     if hold.key_id is not None:
         spent = {"hold_id": hold.id, "key_id": hold.key_id, "charge": charge, "released": reserved}
         spent.update(window_parameters(now))
         execute_on_driver(connection, statements.SPEND_ON_KEY, {**spent, "used_at": now})
         execute_on_driver(connection, statements.SPEND_ON_MEMBER, spent)
-    if charge > 0:
-        entry = {
-            "account_id": hold.account_id,
-            "kind": CHARGE,
-            "amount": -charge,
-            "generation_id": writes.generation_id,
-            "idempotency_key": None,
-            "description": None,
-            "created_at": now,
-        }
-        execute_on_driver(connection, statements.INSERT_ENTRY, entry)
     if writes.record is not None:
         statement, row = writes.record
         execute_on_driver(connection, statement, _with_charge(row, cost, charge))

@@ -17,6 +17,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from app.credits.chain import GENESIS
 from app.database import Money, UTCDateTime, utcnow
 from app.extensions import db
 
@@ -56,6 +57,11 @@ class Account(db.Model):
         SmallInteger, nullable=True, default=80, server_default="80"
     )
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+    # The digest of the account's last ledger entry (app.credits.chain), written by the
+    # UPDATE that changes the balance: where the chain's next entry starts.
+    ledger_head: Mapped[str] = mapped_column(
+        String(64), nullable=False, default=GENESIS, server_default=GENESIS
+    )
 
 
 class LedgerEntry(db.Model):
@@ -63,7 +69,9 @@ class LedgerEntry(db.Model):
 
     Rows are only ever inserted. A charge names its generation, and a generation can be
     charged once (unique ``generation_id``); a grant may carry the operator's idempotency
-    key, unique per account.
+    key, unique per account. Each entry is chained to the account's entry before it
+    (app.credits.chain): ``entry_hash`` covers its fields, the balance it left and
+    ``previous_hash``.
     """
 
     __tablename__ = "ledger_entries"
@@ -97,6 +105,10 @@ class LedgerEntry(db.Model):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     description: Mapped[str | None] = mapped_column(String(255))
     created_at = mapped_column(UTCDateTime, nullable=False, default=utcnow)
+    # None only for an entry written before the chain, until migration 0029 chains it.
+    balance_after = mapped_column(Money, nullable=True)
+    previous_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    entry_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Hold(db.Model):

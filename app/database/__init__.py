@@ -20,7 +20,7 @@ from app.database.connections import (
     write_transaction,
 )
 from app.database.driver import PREPARED_STATEMENTS_LOST, execute_on_driver, fetch_on_driver
-from app.database.expressions import later_of, utc_hour, utc_iso_text
+from app.database.expressions import later_of, sha256_hex, utc_hour, utc_iso_text
 from app.database.notices import ChangeNotices, change_notices
 from app.database.postgresql import COMMIT_AS_CHOSEN, COMMIT_WITHOUT_WAITING
 from app.database.types import BoundStatement, Money, UTCDateTime, utcnow
@@ -47,6 +47,7 @@ __all__ = [
     "later_of",
     "lock_until_commit",
     "runs_alone",
+    "sha256_hex",
     "utc_hour",
     "utc_iso_text",
     "utcnow",

@@ -76,3 +76,26 @@ def _later_of_on_sqlite(element: later_of, compiler: Any, **kw: Any) -> str:
     # SQLite's max() of several values is NULL if any of them is.
     first, second = (compiler.process(clause, **kw) for clause in element.clauses.clauses)
     return f"max(coalesce({first}, {second}), {second})"
+
+
+class sha256_hex(FunctionElement):
+    """The SHA-256 of a text's UTF-8 bytes, as 64 lower-case hex digits.
+
+    PostgreSQL has sha256(bytea); SQLite has none, and each of its connections is given
+    one (app.database.sqlite.sha256_hex_of), so that the two compute the same digest.
+    """
+
+    type = String()
+    name = "sha256_hex"
+    inherit_cache = True
+
+
+@compiles(sha256_hex, "postgresql")
+def _sha256_hex_on_postgresql(element: sha256_hex, compiler: Any, **kw: Any) -> str:
+    text = compiler.process(element.clauses, **kw)
+    return f"encode(sha256(convert_to({text}, 'UTF8')), 'hex')"
+
+
+@compiles(sha256_hex, "sqlite")
+def _sha256_hex_on_sqlite(element: sha256_hex, compiler: Any, **kw: Any) -> str:
+    return f"sha256_hex({compiler.process(element.clauses, **kw)})"

@@ -7,6 +7,7 @@ the worker's other requests instead of sleeping the whole process.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import deque
@@ -68,9 +69,18 @@ def sqlite_pragmas(page_size: int) -> list[str]:
     ]
 
 
+def sha256_hex_of(text: str | None) -> str | None:
+    """Return the SHA-256 of ``text``'s UTF-8 bytes in hex: PostgreSQL's, as SQLite's sha256_hex."""
+    if text is None:
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @event.listens_for(Engine, "connect")
 def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
     if type(dbapi_connection).__module__.startswith("sqlite3"):
+        # The ledger's chain (app.credits.chain) is hashed in SQL, on either database.
+        dbapi_connection.create_function("sha256_hex", 1, sha256_hex_of, deterministic=True)
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
         page_size = cursor.execute("PRAGMA page_size").fetchone()[0]

@@ -42,6 +42,7 @@ from sqlalchemy.orm import aliased
 
 from app.catalog.pricing import cost_of
 from app.credits.budget_audit import budget_mismatches
+from app.credits.chain_audit import verify_chains
 from app.credits.ledger import hour_of
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.database import utcnow, write_transaction
@@ -169,7 +170,24 @@ def _audit_scope(scope: _Scope) -> tuple[list[Mismatch], int]:
         for account_id, subject, problem in budget_mismatches(scope.account_ids)
     ]
     db.session.commit()
-    return problems + generation_problems + rollup_problems + budget_problems, checked
+    problems += generation_problems + rollup_problems + budget_problems
+    return problems + _chain_mismatches(scope), checked
+
+
+def _chain_mismatches(scope: _Scope) -> list[Mismatch]:
+    """Verify the accounts' hash chains, each from its checkpoint's last entry on."""
+    after = {}
+    if not scope.full:
+        checkpoints = select(AuditCheckpoint.account_id, AuditCheckpoint.ledger_entry_id).where(
+            AuditCheckpoint.account_id.in_(scope.account_ids), AuditCheckpoint.ledger_entry_id > 0
+        )
+        after = dict(db.session.execute(checkpoints).all())
+        db.session.commit()
+    report = verify_chains(scope.account_ids, after=after)
+    return [
+        Mismatch(f"chain of {broken.where}", broken.problem, broken.account_id)
+        for broken in report.problems
+    ]
 
 
 def _account_mismatches(scope: _Scope) -> Iterator[Mismatch]:

@@ -80,6 +80,8 @@ def assert_the_race_left_exact_books(app, runner, funded, results, *, sent: int)
     assert all(charges[gid] == -cost for gid, cost in answered.items())
     audit = runner.invoke(args=["ledger", "audit", "--account", str(funded.account_id)])
     assert audit.exit_code == 0, audit.output
+    verified = runner.invoke(args=["ledger", "verify", "--account", str(funded.account_id)])
+    assert verified.exit_code == 0, verified.output
 
 
 def test_racing_requests_never_overdraw_and_are_charged_once(
@@ -91,3 +93,33 @@ def test_racing_requests_never_overdraw_and_are_charged_once(
             results = list(pool.map(lambda i: ask(server.url, funded.key, i), range(REQUESTS)))
 
     assert_the_race_left_exact_books(app, runner, funded, results, sent=REQUESTS)
+
+
+SETTLEMENTS = 200
+
+
+def test_concurrent_settlements_on_one_account_keep_its_chain_linear(
+    app, runner, database_url, tmp_path, make_funded_key
+):
+    """Every one of 200 racing requests is charged, each entry chained after the one before."""
+    funded = make_funded_key(Decimal("10"))
+    with running_server(database_url, tmp_path, WEB_CONCURRENCY="2") as server:
+        with ThreadPoolExecutor(THREADS) as pool:
+            results = list(pool.map(lambda i: ask(server.url, funded.key, i), range(SETTLEMENTS)))
+    assert {status for status, _, _ in results} == {200}
+
+    with app.app_context():
+        entries = db.session.execute(
+            select(LedgerEntry.kind, LedgerEntry.previous_hash, LedgerEntry.entry_hash)
+            .where(LedgerEntry.account_id == funded.account_id)
+            .order_by(LedgerEntry.id)
+        ).all()
+        head = db.session.get(Account, funded.account_id).ledger_head
+    assert [kind for kind, _, _ in entries].count("charge") == SETTLEMENTS
+    # One line: each entry, in the order of the ids, follows the one before it.
+    digests = [digest for _, _, digest in entries]
+    assert [previous for _, previous, _ in entries][1:] == digests[:-1]
+    assert head == digests[-1] and len(set(digests)) == len(digests)
+    verified = runner.invoke(args=["ledger", "verify", "--account", str(funded.account_id)])
+    assert verified.exit_code == 0, verified.output
+    assert "0 broken" in verified.output

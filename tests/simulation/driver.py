@@ -1169,6 +1169,7 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
 
     The audit since the last checkpoint, then ``--full``: the mismatches of both, the
     shortfalls and estimated charges of the full one, which lists every one so far.
+    The audit verifies the accounts' hash chains too.
     """
     account_ids = list(account_ids)
     generation_subjects = {f"generation {g}": g for g in generation_ids}

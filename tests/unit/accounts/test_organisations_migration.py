@@ -21,14 +21,20 @@ from sqlalchemy import column, insert, select, table, update
 from app import create_app
 from app.accounts.models import OWNER, Membership, Person
 from app.auth.models import ApiKey
-from app.credits.models import CHARGE, GRANT, Account, LedgerEntry
+from app.credits.models import CHARGE, GRANT, Account
 from app.database import utcnow
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from app.generations.rollups import rebuild_rollups
 from tests.conftest import TEST_CATALOG, _fresh_postgres_database
 from tests.dashboard.conftest import PASSWORD, new_client, post_form, sign_in
-from tests.previous_release import ACCOUNTS_AT_0018, insert_account, insert_generation, insert_key
+from tests.previous_release import (
+    ACCOUNTS_AT_0018,
+    LEDGER_ENTRIES_AT_0018,
+    insert_account,
+    insert_generation,
+    insert_key,
+)
 
 ACCOUNT_PASSWORDS_AT_0018 = table(
     "account_passwords", column("account_id"), column("password_hash"), column("updated_at")
@@ -66,10 +72,11 @@ def fill_account(*, credits: str, spent: str, is_admin: bool = False) -> dict:
         completion_tokens=1000, price_completion=Decimal(spent) * 1000, cost=Decimal(spent),
         status="completed", created_at=now,
     )  # fmt: skip
-    db.session.add_all([
-        LedgerEntry(account_id=account_id, kind=GRANT, amount=Decimal(credits), created_at=now),
-        LedgerEntry(account_id=account_id, kind=CHARGE, amount=-Decimal(spent),
-                    generation_id=generation, created_at=now),
+    db.session.execute(insert(LEDGER_ENTRIES_AT_0018), [
+        dict(account_id=account_id, kind=GRANT, amount=Decimal(credits), generation_id=None,
+             created_at=now),
+        dict(account_id=account_id, kind=CHARGE, amount=-Decimal(spent),
+             generation_id=generation, created_at=now),
     ])  # fmt: skip
     db.session.execute(
         update(ACCOUNTS_AT_0018)

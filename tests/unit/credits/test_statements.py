@@ -25,11 +25,11 @@ HOLD_PARAMETERS = {
 SETTLEMENT_PARAMETERS = {
     "hold_id",
     "open",
-    "holder_id",
     "charge",
     "released",
     "key_id",
     "used_at",
+    "used_micros",
     "generation_id",
     "day_start",
     "week_start",

@@ -1,0 +1,98 @@
+"""Migration 0029 on a ledger the previous release wrote: its entries chained, in order."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from flask_migrate import upgrade
+from sqlalchemy import column, insert, table
+
+from app import create_app
+from app.credits import ledger
+from app.credits.chain_audit import verify_chains
+from app.credits.models import Account, LedgerEntry
+from app.database import utcnow
+from app.extensions import db
+from tests.conftest import TEST_CATALOG, _fresh_postgres_database
+
+ACCOUNTS_AT_0028 = table(
+    "accounts",
+    column("id"),
+    column("name"),
+    column("balance"),
+    column("reserved"),
+    column("created_at"),
+)
+ENTRIES_AT_0028 = table(
+    "ledger_entries",
+    column("account_id"),
+    column("kind"),
+    column("amount"),
+    column("generation_id"),
+    column("idempotency_key"),
+    column("created_at"),
+)
+
+
+@pytest.fixture
+def previous_release(database_url: str, tmp_path) -> Iterator:
+    """An app on a database of its own, migrated to 0028, the previous release."""
+    if database_url.startswith("sqlite"):
+        urls: Iterator[str] = iter([f"sqlite:///{tmp_path / 'previous.sqlite3'}"])
+    else:
+        urls = _fresh_postgres_database(os.environ["TEST_DATABASE_URL"])
+    for url in urls:
+        app = create_app("testing", {"SQLALCHEMY_DATABASE_URI": url, "MODEL_CATALOG": TEST_CATALOG})
+        with app.app_context():
+            upgrade(revision="0028")
+            yield app
+            db.engine.dispose()
+
+
+def test_the_entries_already_there_are_chained_in_order(previous_release):
+    now = utcnow()
+    balances = {}
+    for account_id in (1, 2):
+        entries = [
+            (2_000_000 * account_id, None, "grant-|x"),
+            (-250_000, f"gen-{account_id}", None),
+        ]
+        entries += [(-1, f"gen-{account_id}-{n}", None) for n in range(3)]
+        balances[account_id] = sum(amount for amount, _, _ in entries)
+        db.session.execute(
+            insert(ACCOUNTS_AT_0028).values(
+                id=account_id,
+                name="org",
+                balance=balances[account_id],
+                reserved=0,
+                created_at=now,
+            )
+        )
+        for n, (amount, generation_id, key) in enumerate(entries):
+            db.session.execute(
+                insert(ENTRIES_AT_0028).values(
+                    account_id=account_id,
+                    kind="grant" if amount > 0 else "charge",
+                    amount=amount,
+                    generation_id=generation_id,
+                    idempotency_key=key,
+                    created_at=now + timedelta(microseconds=n * 1001),
+                )
+            )
+    db.session.commit()
+
+    upgrade()
+
+    report = verify_chains()
+    assert (report.accounts, report.problems) == (2, [])
+    entries = db.session.query(LedgerEntry).filter_by(account_id=2).order_by(LedgerEntry.id).all()
+    assert all(entry.entry_hash for entry in entries)
+    assert db.session.get(Account, 2).ledger_head == entries[-1].entry_hash
+    db.session.commit()
+    # The app's next entry goes on from the head the migration left.
+    ledger.grant_credits(account_id=2, amount=Decimal("1"))
+    assert verify_chains().problems == []
