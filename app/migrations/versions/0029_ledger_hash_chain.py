@@ -182,9 +182,13 @@ def downgrade():
             "CREATE TRIGGER ledger_entries_no_update BEFORE UPDATE ON ledger_entries "
             f"BEGIN SELECT RAISE(ABORT, '{MESSAGE}'); END"
         )
-    with op.batch_alter_table("ledger_entries") as batch:
-        batch.drop_column("entry_hash")
-        batch.drop_column("previous_hash")
-        batch.drop_column("balance_after")
-    with op.batch_alter_table("accounts") as batch:
-        batch.drop_column("ledger_head")
+    # ALTER TABLE ... DROP COLUMN in place, on both databases (SQLite 3.35 and later):
+    # a batch copy would drop and recreate accounts, which the foreign keys that point at
+    # it refuse, and ledger_entries, losing its append-only triggers.
+    for table, column in (
+        ("ledger_entries", "entry_hash"),
+        ("ledger_entries", "previous_hash"),
+        ("ledger_entries", "balance_after"),
+        ("accounts", "ledger_head"),
+    ):
+        op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import pytest
 from flask_migrate import downgrade, upgrade
 from sqlalchemy import inspect, text
@@ -12,11 +10,25 @@ from sqlalchemy.exc import IntegrityError
 from app import create_app
 from app.extensions import db
 from tests.conftest import TEST_CATALOG
-from tests.factories import AccountFactory
 
 SET_BALANCE = text("UPDATE accounts SET balance = :balance WHERE id = :id")
 # The balance-below-threshold trigger on accounts, which must survive the change.
 ALERTS = text("SELECT count(*) FROM alert_events WHERE account_id = :id")
+
+
+def insert_account_at_0027() -> int:
+    """Insert an account of $1 with 0027's columns (the model's are the head's); return its id."""
+    inserted = db.session.execute(
+        text(
+            "INSERT INTO accounts (name, email, balance, reserved, budget_alert_percent,"
+            " created_at) VALUES ('at 0027', 'at-0027@example.com', :balance, 0, 80,"
+            " CURRENT_TIMESTAMP) RETURNING id"
+        ),
+        {"balance": 10**10},
+    )
+    account_id = inserted.scalar_one()
+    db.session.commit()
+    return account_id
 
 
 def test_the_balance_may_go_below_zero_and_the_tables_come_and_go(empty_database_url):
@@ -25,7 +37,7 @@ def test_the_balance_may_go_below_zero_and_the_tables_come_and_go(empty_database
     )
     with app.app_context():
         upgrade(revision="0027")
-        account_id = AccountFactory.create(credits=Decimal("1")).id
+        account_id = insert_account_at_0027()
         with pytest.raises(IntegrityError):
             db.session.execute(SET_BALANCE, {"balance": -1, "id": account_id})
         db.session.rollback()
