@@ -119,7 +119,7 @@ class PaymentsSimulation(Simulation):
 
     def choose_payment(self) -> Callable[[], str]:
         """Pick the next payment step among those possible now."""
-        actions: list[tuple[Callable[[], str], int]] = [(self.buy, 3), (self.offer_code, 1)]
+        actions: list[tuple[Callable[[], str], int]] = [(self.buy, 1), (self.offer_code, 1)]
         if self.outbox:
             actions.append((self.deliver, 6))
         if self.refundable():
@@ -136,7 +136,7 @@ class PaymentsSimulation(Simulation):
         completes unpaid, and its money arrives later (``async_payment_succeeded``).
         """
         account = self.pay_random.choice(self.accounts)
-        cents = self.pay_random.randint(2, 12)
+        cents = self.pay_random.randint(1, 8)
         fee_cents = self.pay_random.choice([0, 0, 1])
         amount = Decimal(cents) / 100
         order = place_order(account.id, Quote(amount=amount, fee=Decimal(fee_cents) / 100))
@@ -250,17 +250,26 @@ class PaymentsSimulation(Simulation):
     def refund(self) -> str:
         """Stripe refunds part or the rest of a payment; its charge.refunded is queued."""
         refundable = self.refundable()
-        # Often one refunded in part already: its refunds' events then race each other.
+        states = driver.account_states([account.id for account in self.accounts])
+        driver.end_reads()
+        # Often one refunded in part already (its refunds' events then race each other),
+        # or one whose credit was spent (its account goes into debt).
         begun = [order for order in refundable if order.refunded]
-        if begun and self.pay_random.random() < 0.5:
+        spent = [o for o in refundable if o.paid and states[o.account.id].balance < o.amount]
+        roll = self.pay_random.random()
+        if begun and roll < 0.4:
             refundable = begun
+        elif spent and roll < 0.8:
+            refundable = spent
         order = self.pay_random.choice(refundable)
+        balance = states[order.account.id].balance
         left = order.total_cents - order.refunded
         cents = left if self.pay_random.random() < 0.3 else self.pay_random.randint(1, left)
         order.charge["amount_refunded"] += cents
         order.charge["refunded"] = order.refunded == order.total_cents
         self.queue(order, "charge.refunded", order.charge)
-        return f"Stripe refunds {cents} cents of {order.name} ({order.refunded} in all)"
+        spent = f"a{order.account.index} has ${balance}"
+        return f"Stripe refunds {cents} cents of {order.name} ({order.refunded} in all; {spent})"
 
     # Codes.
 
