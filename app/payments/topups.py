@@ -4,10 +4,11 @@ A worker's sweeper looks for organisations whose balance is below their threshol
 Claiming one clears its ``armed`` flag and places a pending order in one transaction,
 conditional on the flag and on the balance still below the threshold, and a partial
 unique index allows one pending top-up order per organisation: however many workers
-see the same crossing, one PaymentIntent is created, with the order's id as its Idempotency-Key. The credit comes as for any order,
-from Stripe's ``payment_intent.succeeded`` (app.payments.events). A declined payment,
-or one that needs its holder, fails its order; three in a row turn auto top-up off and
-alert the organisation (``topup.failed``).
+see the same crossing, one PaymentIntent is created, with the order's id as its
+Idempotency-Key. The credit comes as for any order, from Stripe's
+``payment_intent.succeeded`` (app.payments.events). A declined payment, or one that
+needs its holder, fails its order; three in a row turn auto top-up off and alert the
+organisation (``topup.failed``).
 """
 
 from __future__ import annotations
