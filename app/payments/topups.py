@@ -2,12 +2,13 @@
 
 A worker's sweeper looks for organisations whose balance is below their threshold.
 Claiming one clears its ``armed`` flag and places a pending order in one transaction,
-conditional on the flag, and a partial unique index allows one pending top-up order
-per organisation: however many workers see the same crossing, one PaymentIntent is
-created, with the order's id as its Idempotency-Key. The credit comes as for any order,
-from Stripe's ``payment_intent.succeeded`` (app.payments.events). A declined payment,
-or one that needs its holder, fails its order; three in a row turn auto top-up off and
-alert the organisation (``topup.failed``).
+conditional on the flag and on the balance still below the threshold, and a partial
+unique index allows one pending top-up order per organisation: however many workers
+see the same crossing, one PaymentIntent is created, with the order's id as its
+Idempotency-Key. The credit comes as for any order, from Stripe's
+``payment_intent.succeeded`` (app.payments.events). A declined payment, or one that
+needs its holder, fails its order; three in a row turn auto top-up off and alert the
+organisation (``topup.failed``).
 """
 
 from __future__ import annotations
@@ -163,9 +164,17 @@ def _claim(account_id: int) -> ClaimedTopup | None:
 
 
 def _claim_in(connection: Connection, account_id: int) -> ClaimedTopup | None:
+    # The balance is read again as the flag is cleared: between a sweep's reading and its
+    # claim, another's top-up may have been paid and re-armed, ending the crossing it read.
+    balance = select(accounts.c.balance).where(accounts.c.id == account_id).scalar_subquery()
     taken = connection.execute(
         update(topups)
-        .where(topups.c.account_id == account_id, topups.c.armed, topups.c.enabled)
+        .where(
+            topups.c.account_id == account_id,
+            topups.c.armed,
+            topups.c.enabled,
+            balance < topups.c.threshold,
+        )
         .values(armed=False)
         .returning(topups.c.amount, topups.c.customer_id, topups.c.payment_method_id)
     ).first()

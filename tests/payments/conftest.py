@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -12,6 +13,7 @@ from sqlalchemy import select
 
 from app.credits.models import Account, LedgerEntry
 from app.extensions import db
+from app.payments import topups
 from app.payments.models import PaymentOrder
 from app.payments.orders import Quote, place_order
 from tests.conftest import running_server
@@ -99,3 +101,50 @@ def books(app, account_id: int) -> tuple[Decimal, list[LedgerEntry], list[Paymen
         # Detached with what was read: the caller reads them outside this context.
         db.session.expunge_all()
         return balance, list(entries), list(orders)
+
+
+@pytest.fixture
+def sweeping_app(app, fake_stripe):
+    """The in-process app (whose duty the test runs) set up with the local Stripe, 3% fee."""
+    settings = {
+        "STRIPE_SECRET_KEY": SECRET_KEY,
+        "STRIPE_API_BASE": fake_stripe.url,
+        "TOPUP_FEE_PERCENT": Decimal(3),
+    }
+    before = {name: app.config[name] for name in settings}
+    app.config.update(settings)
+    yield app
+    app.config.update(before)
+
+
+def save_card_at_checkout(app, fake, account_id: int) -> None:
+    """Pay a $20 Checkout order whose card is saved for off-session use."""
+    session = checkout_order(app, fake, account_id)
+    session["payment_intent_data"]["setup_future_usage"] = "off_session"
+    session["payment_intent_data"]["metadata"]["save_card"] = "true"
+    session, charge = fake.pay(session["id"])
+    public = {k: v for k, v in session.items() if k != "payment_intent_data"}
+    assert fake.deliver(fake.event("checkout.session.completed", public)).ok
+    assert fake.deliver(fake.event("charge.succeeded", charge)).ok
+
+
+def run_sweepers(app, workers: int = 8) -> int:
+    """Run the auto top-up's sweep in ``workers`` threads at once; return the payments made."""
+
+    def sweep(_):
+        with app.app_context():
+            return topups.top_up_where_due()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return sum(pool.map(sweep, range(workers)))
+
+
+def intents_for(fake, account_id: int, app) -> list[tuple[dict, dict]]:
+    """Return the PaymentIntents the gateway asked the fake for the account's orders."""
+    _, _, orders = books(app, account_id)
+    ids = {order.id for order in orders}
+    return [
+        (params, headers)
+        for method, path, params, headers in fake.requests
+        if path == "/v1/payment_intents" and params["metadata"]["order_id"] in ids
+    ]

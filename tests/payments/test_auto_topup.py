@@ -6,6 +6,7 @@ local Stripe answers the PaymentIntents and the test delivers their events, sign
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -15,53 +16,16 @@ from sqlalchemy import select
 from app.alerts.models import AlertEvent
 from app.extensions import db
 from app.payments import topups
+from app.payments.events import apply_event
 from app.payments.models import AutoTopup
-from tests.payments.conftest import books, checkout_order, new_account
-from tests.stripe_server import DECLINED_CARD, SECRET_KEY
-
-
-@pytest.fixture
-def sweeping_app(app, fake_stripe):
-    """The in-process app (whose duty the test runs) set up with the local Stripe, 3% fee."""
-    settings = {
-        "STRIPE_SECRET_KEY": SECRET_KEY,
-        "STRIPE_API_BASE": fake_stripe.url,
-        "TOPUP_FEE_PERCENT": Decimal(3),
-    }
-    before = {name: app.config[name] for name in settings}
-    app.config.update(settings)
-    yield app
-    app.config.update(before)
-
-
-def save_card_at_checkout(app, fake, account_id: int) -> None:
-    """Pay a $20 Checkout order whose card is saved for off-session use."""
-    session = checkout_order(app, fake, account_id)
-    session["payment_intent_data"]["setup_future_usage"] = "off_session"
-    session["payment_intent_data"]["metadata"]["save_card"] = "true"
-    session, charge = fake.pay(session["id"])
-    public = {k: v for k, v in session.items() if k != "payment_intent_data"}
-    assert fake.deliver(fake.event("checkout.session.completed", public)).ok
-    assert fake.deliver(fake.event("charge.succeeded", charge)).ok
-
-
-def run_sweepers(app, workers: int = 8) -> int:
-    def sweep(_):
-        with app.app_context():
-            return topups.top_up_where_due()
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return sum(pool.map(sweep, range(workers)))
-
-
-def intents_for(fake, account_id: int, app) -> list[tuple[dict, dict]]:
-    _, _, orders = books(app, account_id)
-    ids = {order.id for order in orders}
-    return [
-        (params, headers)
-        for method, path, params, headers in fake.requests
-        if path == "/v1/payment_intents" and params["metadata"]["order_id"] in ids
-    ]
+from tests.payments.conftest import (
+    books,
+    intents_for,
+    new_account,
+    run_sweepers,
+    save_card_at_checkout,
+)
+from tests.stripe_server import DECLINED_CARD
 
 
 def test_one_crossing_makes_one_off_session_payment_credited_by_its_event(
@@ -152,3 +116,50 @@ def test_auto_top_up_needs_a_saved_card_and_amounts_within_bounds(sweeping_app):
             topups.configure(account_id, enabled=False, threshold=Decimal(5), amount=Decimal(1))
         topups.configure(account_id, enabled=False, threshold=Decimal(5), amount=Decimal(10))
         assert not topups.topup_of(account_id).enabled
+
+
+def test_a_sweep_that_read_a_crossing_paid_since_makes_no_second_payment(sweeping_app, monkeypatch):
+    """A sweeper reads the organisation due, then the top-up is paid and re-armed; then it claims.
+
+    The crossing it read is over: the balance is above the threshold again.
+    """
+    app = sweeping_app
+    account_id = new_account(app, Decimal(20))
+    with app.app_context():
+        db.session.add(AutoTopup(account_id=account_id, customer_id="cus_1", armed=True))
+        db.session.get(AutoTopup, account_id).payment_method_id = "pm_card_visa"
+        db.session.commit()
+        topups.configure(account_id, enabled=True, threshold=Decimal(25), amount=Decimal(10))
+    late, read, release = threading.local(), threading.Event(), threading.Event()
+    claim = topups._claim
+
+    def claim_late(claimed_id):
+        if getattr(late, "sweeper", False):
+            read.set()
+            release.wait(timeout=60)
+        return claim(claimed_id)
+
+    def late_sweep():
+        late.sweeper = True
+        with app.app_context():
+            return topups.top_up_where_due()
+
+    monkeypatch.setattr(topups, "_claim", claim_late)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        slow = pool.submit(late_sweep)
+        assert read.wait(timeout=60)
+        assert run_sweepers(app, workers=1) == 1
+        (order,) = books(app, account_id)[2]
+        with app.app_context():
+            intent = {"id": "pi_1", "amount": order.total_cents, "currency": "usd"}
+            intent["metadata"], intent["amount_received"] = {"order_id": order.id}, intent["amount"]
+            apply_event(
+                {"id": "evt_1", "type": "payment_intent.succeeded", "data": {"object": intent}}
+            )
+        assert run_sweepers(app, workers=1) == 0
+        with app.app_context():
+            assert topups.topup_of(account_id).armed
+        release.set()
+        assert slow.result() == 0
+    balance, _, orders = books(app, account_id)
+    assert balance == Decimal(30) and [o.status for o in orders] == ["paid"]

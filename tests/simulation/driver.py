@@ -711,6 +711,8 @@ class Shortage:
 
 # How a 402's message names the limit that refused the hold (app.generations.refusals).
 BALANCE, KEY_BUDGET, MEMBER_BUDGET = "balance", "key", "member"
+# An account in debt is refused as such, whatever the request (a payment taken back).
+DEBT = "debt"
 _HOLDERS = {"this API key's": KEY_BUDGET, "the member's": MEMBER_BUDGET}
 _WINDOWS = {
     "daily": budgets.DAY,
@@ -724,11 +726,17 @@ _BUDGET_REFUSAL = re.compile(
     rf"under (this API key's|the member's) (\S+) (?:limit|budget) of {_USD}: this request"
     rf" may cost up to {_USD} but (?:the key|the member) has {_USD} left"
 )
+_DEBT_REFUSAL = re.compile(r"in debt \(balance \$(-\d+(?:\.\d+)?)\)")
 _BALANCE_REFUSAL = re.compile(rf"may cost up to {_USD} but the available balance is {_USD}")
 
 
 def shortage(refusal: InsufficientCredits) -> Shortage:
-    """Read the limit a 402 names, and its figures, from its message."""
+    """Read the limit a 402 names, and its figures, from its message.
+
+    An account in debt names none: its shortage is the debt, with the balance left.
+    """
+    if debt := _DEBT_REFUSAL.search(refusal.message):
+        return Shortage(DEBT, Decimal(0), Decimal(debt[1]))
     if named := _BUDGET_REFUSAL.search(refusal.message):
         holder, window, budget, requested, left = named.groups()
         return Shortage(

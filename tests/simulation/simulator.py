@@ -75,6 +75,8 @@ def refusal_named(outcome: driver.Shortage | int) -> str:
         return str(outcome)
     if outcome.limit == driver.BALANCE:
         return "402 by the balance"
+    if outcome.limit == driver.DEBT:
+        return f"402, in debt (${outcome.left})"
     return f"402 by the {outcome.limit}'s {outcome.window} budget"
 
 
