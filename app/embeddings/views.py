@@ -10,11 +10,9 @@ from app.embeddings.bodies import embeddings_body
 from app.embeddings.schemas import parse_embedding_request
 from app.encoding import dumps_transient
 from app.generations.decorators import claimed_generation_id, honour_idempotency_key
-from app.generations.lifecycle import new_embedding_id, run_embeddings, start_generation
+from app.generations.lifecycle import new_embedding_id, run_embeddings, start_embeddings
 from app.generations.models import EMBEDDINGS
-from app.generations.prompts import EmbeddingInputs
 from app.generations.refusals import check_dimensions, inputs_within_context
-from app.providers.base import ChatRequest
 from app.providers.errors import UpstreamError
 from app.providers.vectors import UnreadableVector
 from app.request_body import json_body
@@ -34,16 +32,13 @@ def create_embeddings() -> Response:
     )
     check_dimensions(embedding_request, model)
     inputs_within_context(embedding_request, model)
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        # Nothing is generated: the hold is the inputs' tokens (completion is priced 0).
-        request=ChatRequest(model=model.id, messages=[]),
+    generation = start_embeddings(
+        g.caller,
+        model,
+        embedding_request,
+        api=EMBEDDINGS,
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=claimed_generation_id() or new_embedding_id(),
-        api=EMBEDDINGS,
-        prompt=EmbeddingInputs(embedding_request, model.routes[0]),
-        context_checked=True,
     )
     embeddings, cost = run_embeddings(generation, embedding_request)
     try:

@@ -26,15 +26,14 @@ from app.encoding import dumps_transient
 from app.errors import InvalidRequest
 from app.gemini.schemas import Content, camel_keys
 from app.generations.decorators import claimed_generation_id
-from app.generations.lifecycle import new_embedding_id, run_embeddings, start_generation
+from app.generations.lifecycle import new_embedding_id, run_embeddings, start_embeddings
 from app.generations.models import GEMINI
-from app.generations.prompts import EmbeddingInputs
 from app.generations.refusals import (
     MAX_EMBEDDING_INPUTS,
     check_dimensions,
     inputs_within_context,
 )
-from app.providers.base import ChatRequest, EmbeddingRequest, Embeddings
+from app.providers.base import EmbeddingRequest, Embeddings
 from app.providers.errors import UpstreamError
 from app.providers.vectors import UnreadableVector
 from app.validation import (
@@ -169,16 +168,13 @@ def embed(model_name: str, method: str, body: Any) -> Response:
     inputs_within_context(
         request, model, item_name="requests[{index}].content" if batch else "content"
     )
-    generation = start_generation(
-        caller=g.caller,
-        model=model,
-        # Nothing is generated: the hold is the inputs' tokens (completion is priced 0).
-        request=ChatRequest(model=model.id, messages=[]),
+    generation = start_embeddings(
+        g.caller,
+        model,
+        request,
+        api=GEMINI,
         hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],
         generation_id=claimed_generation_id() or new_embedding_id(),
-        api=GEMINI,
-        prompt=EmbeddingInputs(request, model.routes[0]),
-        context_checked=True,
     )
     embeddings, cost = run_embeddings(generation, request)
     try:

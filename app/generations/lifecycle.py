@@ -42,7 +42,7 @@ from app.generations.live import live_holds
 from app.generations.metering import DeliveryMeter, Meter, Outcome, RelayMeter, StreamMeter
 from app.generations.models import CANCELLED, CHAT, COMPLETED, FAILED, INTERRUPTED
 from app.generations.models import Generation as GenerationRecord
-from app.generations.prompts import Prompt, TranslatedPrompt
+from app.generations.prompts import EmbeddingInputs, Prompt, TranslatedPrompt
 from app.generations.refusals import (
     check_surcharges,
     fit_request_to_model,
@@ -259,6 +259,32 @@ def run_generation(generation: Generation) -> Answer:
         generation, usage=completion.usage, status=COMPLETED, finish_reason=finish_reason
     )
     return Answer(completion, cost)
+
+
+def start_embeddings(
+    caller: Caller,
+    model: Model,
+    request: EmbeddingRequest,
+    *,
+    api: str,
+    hold_ttl_seconds: int,
+    generation_id: str,
+) -> Generation:
+    """Hold for ``request``'s inputs, counted by the model's first route, and start its record.
+
+    Nothing is generated: the hold is the inputs' tokens (completion is priced 0). The
+    door has checked the dimensions and each input's context first.
+    """
+    return start_generation(
+        caller=caller,
+        model=model,
+        request=ChatRequest(model=model.id, messages=[]),
+        hold_ttl_seconds=hold_ttl_seconds,
+        generation_id=generation_id,
+        api=api,
+        prompt=EmbeddingInputs(request, model.routes[0]),
+        context_checked=True,
+    )
 
 
 def run_embeddings(generation: Generation, request: EmbeddingRequest) -> tuple[Embeddings, Decimal]:
