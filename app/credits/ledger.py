@@ -184,21 +184,11 @@ def grant_credits(
     if idempotency_key and (entry := _grant_by_key(account_id, idempotency_key)):
         return _same_grant_or_raise(entry, amount), False
     try:
-        connection = db.session.connection()
-        chained = _append_entry(
-            connection,
-            account_id=account_id,
-            kind=GRANT,
-            amount=amount,
-            reference=idempotency_key,
-            note=description,
-            guard=statements.WITHIN_MAX_BALANCE,
-        )
-        if not chained:
+        try:
+            _append_grant(db.session.connection(), account_id, amount, idempotency_key, description)
+        except GrantOutOfRange:
             db.session.rollback()
-            raise GrantOutOfRange(
-                f"the balance would pass the most the ledger holds: {MAX_MONEY} USD"
-            )
+            raise
         # The account's row is locked (or SQLite's write lock held): its last entry is this one.
         entry = db.session.scalar(
             select(LedgerEntry)
@@ -240,13 +230,24 @@ def grant_within(
     (IntegrityError), whatever the caller's own guard missed.
     """
     _refuse_out_of_range(amount)
+    _append_grant(connection, account_id, amount, idempotency_key, description)
+
+
+def _append_grant(
+    connection: Connection,
+    account_id: int,
+    amount: Decimal,
+    reference: str | None,
+    note: str | None,
+) -> None:
+    """Chain a grant's entry and raise the balance, unless it would pass MAX_MONEY."""
     chained = _append_entry(
         connection,
         account_id=account_id,
         kind=GRANT,
         amount=amount,
-        reference=idempotency_key,
-        note=description,
+        reference=reference,
+        note=note,
         guard=statements.WITHIN_MAX_BALANCE,
     )
     if not chained:
