@@ -70,6 +70,7 @@ def register_blueprints(app: Flask) -> None:
         alerts,  # noqa: F401  (adds its page to the blueprint)
         billing,  # noqa: F401  (adds the Balance page to the blueprint)
         organisations,  # noqa: F401  (adds its pages to the blueprint)
+        statements,  # noqa: F401  (adds the Balance page's downloads to the blueprint)
     )
     from app.dashboard import views as dashboard_views
     from app.embeddings import views as embedding_views
