@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -18,7 +19,7 @@ from app.ledger_statements.periods import Period
 from app.ledger_statements.signing import canonical_bytes, load_private_key, signed
 from app.ledger_statements.statement import build_statement, organisation
 from tests.factories import AccountFactory
-from tests.statement_checks import VERIFIER, new_signing_pem
+from tests.statement_checks import VERIFIER, new_signing_pem, verify, write_json
 
 spec = importlib.util.spec_from_file_location("verify_statement", VERIFIER)
 tool = importlib.util.module_from_spec(spec)
@@ -73,3 +74,34 @@ def test_the_verifier_checks_what_the_app_signs(app_context):
     assert tool.signature_problems(statement, None) == []
     statement["entries"][0]["reference"] = "é|1:y"
     assert tool.signature_problems(statement, None) != []
+
+
+def test_statements_of_consecutive_periods_meet_at_one_head(app_context, tmp_path):
+    account = AccountFactory.create(credits=Decimal("1"))
+    write_entries(account.id)
+    rows = db.session.scalars(
+        select(LedgerEntry).where(LedgerEntry.account_id == account.id).order_by(LedgerEntry.id)
+    ).all()
+    split, now = rows[2].created_at, utcnow()
+    key = load_private_key(new_signing_pem())
+    files = []
+    for name, period in (
+        ("earlier", Period("earlier", now - timedelta(days=1), split)),
+        ("later", Period("later", split, now + timedelta(seconds=1))),
+    ):
+        statement = build_statement(account=organisation(account.id), period=period, now=now)
+        files.append(write_json(tmp_path / f"{name}.json", signed(statement, key)))
+    earlier, later = (json.loads(path.read_text()) for path in files)
+    assert [entry["id"] for entry in earlier["entries"] + later["entries"]] == [r.id for r in rows]
+    assert later["opening_hash"] == earlier["closing_hash"] == rows[1].entry_hash
+    assert later["opening_balance_units"] == earlier["closing_balance_units"]
+    extended = verify(files[1], "--after", files[0])
+    assert extended.returncode == 0, extended.stderr
+    # Without the entries between them, the statements do not meet.
+    first = build_statement(
+        account=organisation(account.id),
+        period=Period("first", split - timedelta(days=1), rows[1].created_at),
+        now=now,
+    )
+    gap = write_json(tmp_path / "first.json", signed(first, key))
+    assert verify(files[1], "--after", gap).returncode == 1
