@@ -60,7 +60,14 @@ def inputs_within_context(
     """
     route = model.routes[0]
     adapter, target, limit = route.adapter, route.target, model.context_length
-    for index, item in enumerate(request.inputs):
+    inputs = request.inputs
+    # The texts' bound together is at least each one's (it adds their sizes or counts):
+    # within the limit, every text is, and only token arrays are left to check.
+    if type(inputs[0]) is str and (
+        adapter.content_token_bound(PromptContent(texts=inputs), target) <= limit  # type: ignore[arg-type]
+    ):
+        return
+    for index, item in enumerate(inputs):
         if type(item) is list:
             tokens = len(item)
         else:
