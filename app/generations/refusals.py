@@ -61,12 +61,12 @@ def inputs_within_context(
     route = model.routes[0]
     adapter, target, limit = route.adapter, route.target, model.context_length
     inputs = request.inputs
-    # The texts' bound together is at least each one's (it adds their sizes or counts):
-    # within the limit, every text is, and only token arrays are left to check.
-    if type(inputs[0]) is str and (
-        adapter.content_token_bound(PromptContent(texts=inputs), target) <= limit  # type: ignore[arg-type]
-    ):
-        return
+    if inputs and type(inputs[0]) is str:
+        # The texts' bound together is at least each one's (their sizes, or their counts,
+        # added up): within the limit, every text is. The inputs are all of one kind.
+        together = PromptContent(texts=inputs)  # type: ignore[arg-type]
+        if adapter.content_token_bound(together, target) <= limit:
+            return
     for index, item in enumerate(inputs):
         if type(item) is list:
             tokens = len(item)
