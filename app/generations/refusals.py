@@ -60,7 +60,14 @@ def inputs_within_context(
     """
     route = model.routes[0]
     adapter, target, limit = route.adapter, route.target, model.context_length
-    for index, item in enumerate(request.inputs):
+    inputs = request.inputs
+    if inputs and type(inputs[0]) is str:
+        # The texts' bound together is at least each one's (their sizes, or their counts,
+        # added up): within the limit, every text is. The inputs are all of one kind.
+        together = PromptContent(texts=inputs)  # type: ignore[arg-type]
+        if adapter.content_token_bound(together, target) <= limit:
+            return
+    for index, item in enumerate(inputs):
         if type(item) is list:
             tokens = len(item)
         else:

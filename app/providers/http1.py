@@ -247,13 +247,16 @@ def receive(
     head, rest = read_head(sock, b"")
     http11, status, headers = parse_head(head)
     while status < 200:
-        head, rest = read_head(sock, rest)
+        head, rest = read_head(sock, bytes(rest))
         http11, status, headers = parse_head(head)
     return UpstreamResponse(status, headers, rest, http11, sock, origin, connection)
 
 
-def read_head(sock: socket.socket, buffer: bytes) -> tuple[bytes, bytes]:
-    """Read until a blank line ends a head; return the head and what came after it."""
+def read_head(sock: socket.socket, buffer: bytes) -> tuple[bytes, memoryview]:
+    """Read until a blank line ends a head; return the head and a view of what came after it.
+
+    A view, not a copy: what came with the head may be most of a read of READ_SIZE.
+    """
     while (end := HEAD_END.search(buffer)) is None:
         if len(buffer) > MAX_LINE:
             raise http.client.LineTooLong("response head")
@@ -261,7 +264,7 @@ def read_head(sock: socket.socket, buffer: bytes) -> tuple[bytes, bytes]:
         if not read:
             raise http.client.RemoteDisconnected("the upstream closed the connection unanswered")
         buffer = buffer + read if buffer else read
-    return buffer[: end.start() + 1], buffer[end.end() :]
+    return buffer[: end.start() + 1], memoryview(buffer)[end.end() :]
 
 
 def parse_head(head: bytes) -> tuple[bool, int, dict[str, str]]:
@@ -323,7 +326,7 @@ class UpstreamResponse:
         self,
         status: int,
         headers: dict[str, str],
-        first: bytes,
+        first: bytes | memoryview,
         http11: bool,
         sock: socket.socket,
         origin: Origin | None,
@@ -367,7 +370,7 @@ class UpstreamResponse:
         """Return what came with the head, once, then each call one read of the socket."""
         if self.first:
             read, self.first = self.first, b""
-            return read
+            return bytes(read)
         if not (read := self.sock.recv(READ_SIZE)):
             self.framing.close()
         return read
@@ -377,6 +380,10 @@ class UpstreamResponse:
         if self.content is None:
             pieces = []
             try:
+                if self.first and self.decoder is None and type(self.framing) is LengthFraming:
+                    # Joined from the view: what came with the head is copied once, not twice.
+                    first, self.first = self.first, b""
+                    pieces.append(self.framing.take(first))
                 while not self.framing.ended:
                     pieces.append(self.read1())
             except BaseException:
