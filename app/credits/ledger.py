@@ -12,7 +12,7 @@ spend of the budget window the hold was placed in (app.budgets). A key or member
 a budget is never written by a hold (the key as its caller presented it): a reservation
 there would protect nothing, and writing the row on every hold doubled its writes; on
 PostgreSQL a hold that reserves on one of the two rows locks both (one read each,
-statements.hold_in_one_statement). The settlement counts every charge in the row's
+hold_sql.hold_in_one_statement). The settlement counts every charge in the row's
 window all the same, so that ``window_spent`` is exact whether the row has a budget or
 not, and a budget set later starts from the window's true spend. Each hold notes whether
 it reserved on its key and on its member, and whatever ends it (settlement, expiry)
@@ -23,7 +23,7 @@ counted). Rows are taken account first, then key, then member, so that two trans
 never wait on each other's.
 
 Each write is offered to the database in two shapes built from the same guards
-(``app.credits.statements``): its steps, run in one transaction, and, where it can be,
+(``app.credits.sql``): its steps, run in one transaction, and, where it can be,
 one statement that applies all of them or none, which a database whose statements run
 alone (PostgreSQL) runs instead: one round trip, its rows locked only while it runs.
 """
@@ -47,14 +47,8 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.models import ACTIVE, REVOKED
 from app.budgets import MONTH, calendar_start, window_parameters
-from app.credits import statements
 from app.credits.chain import epoch_micros
-from app.credits.errors import (
-    AlreadyRecorded,
-    GrantOutOfRange,
-    HoldVoided,
-    IdempotencyConflict,
-)
+from app.credits.errors import AlreadyRecorded, GrantOutOfRange, HoldVoided, IdempotencyConflict
 from app.credits.models import (
     CHARGE,
     EXPIRED,
@@ -68,6 +62,12 @@ from app.credits.models import (
     Hold,
     LedgerEntry,
 )
+from app.credits.sql import balances as balance_sql
+from app.credits.sql import entries as entry_sql
+from app.credits.sql import expiry as expiry_sql
+from app.credits.sql import guards
+from app.credits.sql import holds as hold_sql
+from app.credits.sql import settlement as settlement_sql
 from app.database import (
     BoundStatement,
     execute_alone,
@@ -248,7 +248,7 @@ def _append_grant(
         amount=amount,
         reference=reference,
         note=note,
-        guard=statements.WITHIN_MAX_BALANCE,
+        guard=entry_sql.WITHIN_MAX_BALANCE,
     )
     if not chained:
         raise GrantOutOfRange(f"the balance would pass the most the ledger holds: {MAX_MONEY} USD")
@@ -295,7 +295,7 @@ def _append_entry(
 
     ``released`` is given back of the account's reservation in the same UPDATE. On
     PostgreSQL one statement; on SQLite the entry, then the UPDATE that moves the
-    balance and the head to it (statements.insert_chained_entry).
+    balance and the head to it (entry_sql.insert_chained_entry).
     """
     now = utcnow()
     parameters = {
@@ -310,10 +310,10 @@ def _append_entry(
         "entry_micros": epoch_micros(now),
     }
     if connection.dialect.name == "postgresql":
-        return execute_on_driver(connection, statements.chained_debit_alone(guard), parameters) == 1
-    if execute_on_driver(connection, statements.insert_chained_entry(guard), parameters) != 1:
+        return execute_on_driver(connection, entry_sql.chained_debit_alone(guard), parameters) == 1
+    if execute_on_driver(connection, entry_sql.insert_chained_entry(guard), parameters) != 1:
         return False
-    execute_on_driver(connection, statements.DEBIT_TO_NEW_HEAD, parameters)
+    execute_on_driver(connection, entry_sql.DEBIT_TO_NEW_HEAD, parameters)
     return True
 
 
@@ -426,7 +426,7 @@ def _hold_steps(
 ) -> str:
     reserved = execute_on_driver(
         connection,
-        statements.reserve_on_account(statements.ACCOUNT_COVERS),
+        hold_sql.reserve_on_account(guards.ACCOUNT_COVERS),
         {"account_id": hold["account_id"], "amount": hold["amount"]},
     )
     if reserved != 1:
@@ -435,12 +435,12 @@ def _hold_steps(
     if key_id is not None and key_id not in _keys_reserved_on:
         # A key and member without budgets: the hold's row, written from what it reads.
         parameters = _hold_parameters(hold, windows, key_digest)
-        if execute_on_driver(connection, statements.INSERT_HOLD_RESERVING_NOTHING, parameters):
+        if execute_on_driver(connection, hold_sql.INSERT_HOLD_RESERVING_NOTHING, parameters):
             return _HELD
     if key_id is not None:
         _reserve_on_key_and_member(connection, hold, windows, key_digest)
         _keys_reserved_on.note(key_id, hold["reserved_on_key"] or hold["reserved_on_member"])
-    execute_on_driver(connection, statements.INSERT_HOLD, hold)
+    execute_on_driver(connection, hold_sql.INSERT_HOLD, hold)
     return _HELD
 
 
@@ -449,12 +449,12 @@ def _reserve_on_key_and_member(
 ) -> None:
     """Reserve the hold on its key and its member where they have budgets; note their windows.
 
-    A row without a budget (statements.reserves_on) is only read: its window is noted,
+    A row without a budget (guards.reserves_on) is only read: its window is noted,
     and its reservation left out, as the hold's row says.
     """
     parameters = {"key_id": hold["api_key_id"], **windows}
     rows = fetch_on_driver(
-        connection, statements.KEY_AND_MEMBER_TO_HOLD, {**parameters, "key_digest": key_digest}
+        connection, hold_sql.KEY_AND_MEMBER_TO_HOLD, {**parameters, "key_digest": key_digest}
     )
     if not rows:
         raise _HoldRefused(_KEY_REFUSED)
@@ -462,12 +462,12 @@ def _reserve_on_key_and_member(
     hold.update(key_window_start=read.key_window, member_window_start=read.member_window)
     parameters["amount"] = hold["amount"]
     if read.key_reserves:
-        on_key = statements.reserve_on_key(statements.KEY_WITHIN_LIMIT)
+        on_key = hold_sql.reserve_on_key(guards.KEY_WITHIN_LIMIT)
         on_key_parameters = {**parameters, "key_digest": key_digest}
         hold["key_window_start"] = _reserve(connection, on_key, on_key_parameters, _KEY_REFUSED)
         hold["reserved_on_key"] = True
     if read.member_reserves:
-        on_member = statements.reserve_on_member(statements.MEMBER_WITHIN_BUDGET)
+        on_member = hold_sql.reserve_on_member(guards.MEMBER_WITHIN_BUDGET)
         hold["member_window_start"] = _reserve(connection, on_member, parameters, _MEMBER_REFUSED)
         hold["reserved_on_member"] = True
 
@@ -544,7 +544,7 @@ def _hold_reserving_nothing(
     Return how it ended; None if the key or member did not let it, for the statement
     that reserves to say why (it checks the balance first, as the steps do) or hold.
     """
-    statement = statements.hold_without_reservations(statements.ACCOUNT_COVERS)
+    statement = hold_sql.hold_without_reservations(guards.ACCOUNT_COVERS)
     parameters = _hold_parameters(hold, windows, key_digest)
     placed, passed = execute_alone(statement, parameters, prepared=True)[0][:2]
     if placed == 1:
@@ -557,10 +557,10 @@ def hold_statement(
 ) -> tuple[Any, dict[str, Any]]:
     """Return the one statement placing ``hold`` (a holds row's values), and its parameters."""
     with_key = hold["api_key_id"] is not None
-    statement = statements.hold_in_one_statement(
-        statements.ACCOUNT_COVERS,
-        statements.KEY_WITHIN_LIMIT if with_key else None,
-        statements.MEMBER_WITHIN_BUDGET if with_key else None,
+    statement = hold_sql.hold_in_one_statement(
+        guards.ACCOUNT_COVERS,
+        guards.KEY_WITHIN_LIMIT if with_key else None,
+        guards.MEMBER_WITHIN_BUDGET if with_key else None,
     )
     return statement, _hold_parameters(hold, windows, key_digest)
 
@@ -753,9 +753,9 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
         statement, row = writes.record
         row = _with_charge(row, cost, cost)
         shape = (statement, tuple(row))
-        parameters = {statements.RECORD_PREFIX + name: value for name, value in row.items()}
+        parameters = {settlement_sql.RECORD_PREFIX + name: value for name, value in row.items()}
     if writes.rollup is not None and writes.record is None:
-        # With a record, the rollup takes the record's values (statements._rollup_step).
+        # With a record, the rollup takes the record's values (settlement_sql._rollup_step).
         parameters.update(_rollup_parameters(hold, writes, cost, cost))
     now = utcnow()
     parameters.update(
@@ -770,7 +770,7 @@ def _settle_covered_alone(hold: HeldCredit, cost: Decimal, writes: _Writes) -> D
     if hold.key_id is not None:
         # The windows the key's and member's rows roll over to, if one began since.
         parameters.update(window_parameters(now))
-    statement = statements.settlement_in_one_statement(
+    statement = settlement_sql.settlement_in_one_statement(
         hold.key_id is not None, cost > 0, shape, writes.rollup is not None
     )
     closed = execute_durably(statement, parameters)[0][0]
@@ -782,7 +782,7 @@ def _settle_steps(
 ) -> Decimal:
     """Close the hold, charge the balance and the budget windows, record the charge; return it."""
     released = execute_on_driver(
-        connection, statements.CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED}
+        connection, guards.CLOSE_HOLD, {"hold_id": hold.id, "status": SETTLED}
     )
     if released != 1 and writes.record is not None:
         _refuse_if_recorded(connection, writes.record)
@@ -806,18 +806,18 @@ def _settle_steps(
         )
     else:
         debit = {"account_id": hold.account_id, "charge": charge, "released": reserved}
-        execute_on_driver(connection, statements.DEBIT, debit)
+        execute_on_driver(connection, guards.DEBIT, debit)
     if hold.key_id is not None:
         spent = {"hold_id": hold.id, "key_id": hold.key_id, "charge": charge, "released": reserved}
         spent.update(window_parameters(now))
-        execute_on_driver(connection, statements.SPEND_ON_KEY, {**spent, "used_at": now})
-        execute_on_driver(connection, statements.SPEND_ON_MEMBER, spent)
+        execute_on_driver(connection, settlement_sql.SPEND_ON_KEY, {**spent, "used_at": now})
+        execute_on_driver(connection, settlement_sql.SPEND_ON_MEMBER, spent)
     if writes.record is not None:
         statement, row = writes.record
         execute_on_driver(connection, statement, _with_charge(row, cost, charge))
     if writes.rollup is not None:
         parameters = _rollup_parameters(hold, writes, cost, charge)
-        execute_on_driver(connection, statements.ROLL_UP, parameters)
+        execute_on_driver(connection, settlement_sql.ROLL_UP, parameters)
     return charge
 
 
@@ -843,7 +843,7 @@ def _rollup_parameters(
     hold: HeldCredit, writes: _Writes, cost: Decimal, charge: Decimal
 ) -> dict[str, Any]:
     """Return ROLL_UP's parameters: one request, its tokens, its charge and shortfall."""
-    prefix = statements.ROLLUP_PREFIX
+    prefix = settlement_sql.ROLLUP_PREFIX
     rollup = writes.rollup
     keyless = writes.keyless or hold.key_id is None
     return {
@@ -876,7 +876,7 @@ def _payable(connection: Connection, hold: HeldCredit, cost: Decimal, reserved: 
     on_key, on_member = (False, False)
     if reserved:
         on_key, on_member = connection.execute(
-            statements.HOLD_RESERVATIONS, {"hold_id": hold.id}
+            settlement_sql.HOLD_RESERVATIONS, {"hold_id": hold.id}
         ).one()
     key = key_money(hold.key_id, connection=connection)
     member = member_money(hold.key_id, connection=connection)
@@ -896,7 +896,7 @@ def extend_holds(hold_ids: Sequence[str], *, ttl_seconds: int) -> int:
         for start in range(0, len(hold_ids), EXTEND_BATCH):
             batch = list(hold_ids[start : start + EXTEND_BATCH])
             parameters = {"hold_ids": batch, "expires_at": expires_at}
-            extended += connection.execute(statements.EXTEND_HOLDS, parameters).rowcount
+            extended += connection.execute(expiry_sql.EXTEND_HOLDS, parameters).rowcount
         return extended
 
     return write_transaction(extend)
@@ -910,7 +910,7 @@ def record_progress(progress_by_hold: Sequence[tuple[str, dict[str, Any]]]) -> N
     if not progress_by_hold:
         return
     rows = [{"hold_id": hold_id, "progress": progress} for hold_id, progress in progress_by_hold]
-    write_transaction(lambda connection: connection.execute(statements.RECORD_PROGRESS, rows))
+    write_transaction(lambda connection: connection.execute(expiry_sql.RECORD_PROGRESS, rows))
 
 
 def record_first_progress(hold_id: str, progress: dict[str, Any]) -> None:
@@ -922,9 +922,9 @@ def record_first_progress(hold_id: str, progress: dict[str, Any]) -> None:
     """
     parameters = {"hold_id": hold_id, "progress": progress}
     write_transaction(
-        lambda connection: execute_on_driver(connection, statements.RECORD_PROGRESS, parameters),
+        lambda connection: execute_on_driver(connection, expiry_sql.RECORD_PROGRESS, parameters),
         alone=lambda: len(
-            execute_alone(statements.RECORD_PROGRESS_ALONE, parameters, prepared=True)
+            execute_alone(expiry_sql.RECORD_PROGRESS_ALONE, parameters, prepared=True)
         ),
     )
 
@@ -970,19 +970,19 @@ def release_expired_holds(*, account_id: int | None = None, limit: int = 500) ->
 
 def _expire(connection: Connection, hold: HeldCredit) -> int:
     closed = execute_on_driver(
-        connection, statements.CLOSE_HOLD, {"hold_id": hold.id, "status": EXPIRED}
+        connection, guards.CLOSE_HOLD, {"hold_id": hold.id, "status": EXPIRED}
     )
     if closed != 1:
         return 0
     execute_on_driver(
         connection,
-        statements.DEBIT,
+        guards.DEBIT,
         {"account_id": hold.account_id, "charge": 0, "released": hold.amount},
     )
     if hold.key_id is not None:
         released = {"hold_id": hold.id, "key_id": hold.key_id, "amount": hold.amount}
-        execute_on_driver(connection, statements.RELEASE_ON_KEY, released)
-        execute_on_driver(connection, statements.RELEASE_ON_MEMBER, released)
+        execute_on_driver(connection, expiry_sql.RELEASE_ON_KEY, released)
+        execute_on_driver(connection, expiry_sql.RELEASE_ON_MEMBER, released)
     return 1
 
 
@@ -1071,7 +1071,10 @@ class KeyMoney(BudgetMoney):
 def account_money(account_id: int, *, connection: Connection | None = None) -> AccountMoney:
     """Return the account's money; on ``connection`` (a settlement's), its row locked."""
     row = _read_one(
-        statements.ACCOUNT_MONEY, statements.LOCKED_ACCOUNT_MONEY, connection, account_id=account_id
+        balance_sql.ACCOUNT_MONEY,
+        balance_sql.LOCKED_ACCOUNT_MONEY,
+        connection,
+        account_id=account_id,
     )
     return AccountMoney(*row)
 
@@ -1079,8 +1082,8 @@ def account_money(account_id: int, *, connection: Connection | None = None) -> A
 def key_money(key_id: int, *, connection: Connection | None = None) -> KeyMoney | None:
     """Return the key's money (None: its row is gone); on ``connection``, its row locked."""
     row = _read_one(
-        statements.KEY_MONEY,
-        statements.LOCKED_KEY_MONEY,
+        balance_sql.KEY_MONEY,
+        balance_sql.LOCKED_KEY_MONEY,
         connection,
         key_id=key_id,
         **window_parameters(utcnow()),
@@ -1095,8 +1098,8 @@ def key_money(key_id: int, *, connection: Connection | None = None) -> KeyMoney 
 def member_money(key_id: int, *, connection: Connection | None = None) -> BudgetMoney | None:
     """Return the money of key ``key_id``'s member; on ``connection``, the row locked."""
     row = _read_one(
-        statements.MEMBER_MONEY,
-        statements.LOCKED_MEMBER_MONEY,
+        balance_sql.MEMBER_MONEY,
+        balance_sql.LOCKED_MEMBER_MONEY,
         connection,
         key_id=key_id,
         **window_parameters(utcnow()),

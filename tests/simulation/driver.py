@@ -43,9 +43,11 @@ from app.catalog.pricing import (
 )
 from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
-from app.credits import ledger, statements
+from app.credits import ledger
 from app.credits.errors import InsufficientCredits
 from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.sql import guards
+from app.credits.sql import settlement as settlement_sql
 from app.database import Money
 from app.encoding import dumps
 from app.extensions import db
@@ -1201,7 +1203,7 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
 
 def plant_hold_without_balance_condition(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a hold is placed whatever the balance."""
-    monkeypatch.setattr(statements, "ACCOUNT_COVERS", true())
+    monkeypatch.setattr(guards, "ACCOUNT_COVERS", true())
 
 
 def plant_settlement_that_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1238,12 +1240,12 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a key's hold is placed whatever its budget."""
-    monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
+    monkeypatch.setattr(guards, "KEY_WITHIN_LIMIT", true())
 
 
 def plant_hold_past_the_member_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a hold is placed whatever the budget of the key's member."""
-    monkeypatch.setattr(statements, "MEMBER_WITHIN_BUDGET", true())
+    monkeypatch.setattr(guards, "MEMBER_WITHIN_BUDGET", true())
 
 
 def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1251,7 +1253,7 @@ def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     totals = ledger._rollup_parameters
 
     def without_the_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {**totals(*args, **kwargs), statements.ROLLUP_PREFIX + "requests": 0}
+        return {**totals(*args, **kwargs), settlement_sql.ROLLUP_PREFIX + "requests": 0}
 
     monkeypatch.setattr(ledger, "_rollup_parameters", without_the_request)
 

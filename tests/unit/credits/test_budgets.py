@@ -18,8 +18,10 @@ from app.accounts.keys import create_key
 from app.accounts.models import MEMBER, Membership, Person
 from app.auth.models import ApiKey
 from app.budgets import unix_micros
-from app.credits import ledger, statements
+from app.credits import ledger
 from app.credits.models import Hold
+from app.credits.sql import guards
+from app.credits.sql import holds as hold_sql
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from tests.factories import AccountFactory
@@ -360,7 +362,7 @@ def test_a_hold_reserves_on_the_budgeted_row_alone(app_context, clock, monkeypat
 
     assert writes.since_last() == {"api_keys"}
     # PostgreSQL's hold locks the member's row with the key's (a read of it apart cost
-    # more than the lock, statements.hold_in_one_statement), and writes it not.
+    # more than the lock, hold_sql.hold_in_one_statement), and writes it not.
     assert writes.locked == ({"memberships"} if writes.postgresql else set())
     assert reservations(held.id) == (True, False)
     assert counters(key_id)[1] == Decimal("0.5")
@@ -481,10 +483,10 @@ def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock
     key_id = create_key(account_id=account.id, name="shapes").id
     # PostgreSQL's hold is one statement, SQLite's steps end with the hold's INSERT.
     without = (
-        statements.hold_without_reservations(statements.ACCOUNT_COVERS),
-        statements.INSERT_HOLD_RESERVING_NOTHING,
+        hold_sql.hold_without_reservations(guards.ACCOUNT_COVERS),
+        hold_sql.INSERT_HOLD_RESERVING_NOTHING,
     )
-    reserving = (statements.INSERT_HOLD,)
+    reserving = (hold_sql.INSERT_HOLD,)
     sent = []
 
     def noting(run, sent_alone: bool):

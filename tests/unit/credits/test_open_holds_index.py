@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import event
 
-from app.credits import holds, ledger, statements
+from app.credits import holds, ledger
+from app.credits.sql import settlement as settlement_sql
 from app.database.driver import driver_form
 from app.extensions import db
 
@@ -55,7 +56,7 @@ def test_a_settlement_finds_its_hold_by_its_id_whatever_is_open(app_context):
     # the one it closes.
     if db.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL plans a prepared statement once for every value")
-    settlement = statements.settlement_in_one_statement(False, False, None, False)
+    settlement = settlement_sql.settlement_in_one_statement(False, False, None, False)
     with db.engine.connect() as connection:
         form = driver_form(settlement, connection.dialect)
         connection.exec_driver_sql(f"PREPARE settlement_plan AS {form.text}")
