@@ -27,16 +27,10 @@ from app.catalog.pricing import (
     worst_case_cost,
 )
 from app.catalog.registry import Model
-from app.credits.ledger import (
-    BudgetShortfall,
-    HeldCredit,
-    Rollup,
-    Shortfall,
-    hour_of,
-    place_hold,
-    record_first_progress,
-    settle_hold,
-)
+from app.credits.balances import BudgetShortfall, HeldCredit, Shortfall
+from app.credits.expiry import record_first_progress
+from app.credits.holds import place_hold
+from app.credits.settlement import Rollup, hour_of, settle_hold
 from app.database import BoundStatement, utcnow
 from app.generations.live import live_holds
 from app.generations.metering import DeliveryMeter, Meter, Outcome, RelayMeter, StreamMeter

@@ -43,9 +43,10 @@ from app.catalog.pricing import (
 )
 from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
-from app.credits import ledger
+from app.credits import balances, entries, expiry, grants, holds
+from app.credits import settlement as settling
 from app.credits.errors import InsufficientCredits
-from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.credits.sql import guards
 from app.credits.sql import settlement as settlement_sql
 from app.database import Money
@@ -130,7 +131,11 @@ def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> Non
     before left on the process's board does not carry over.
     """
     for module in (
-        ledger,
+        balances,
+        entries,
+        expiry,
+        holds,
+        settling,
         generations,
         budget_admin,
         idempotency,
@@ -388,7 +393,7 @@ def open_account(email: str, credits: Decimal) -> int:
 
 def grant(account_id: int, amount: Decimal, *, idempotency_key: str | None) -> bool:
     """Grant ``amount``; return whether it was applied (not a repeat of its key)."""
-    _, applied = ledger.grant_credits(
+    _, applied = grants.grant_credits(
         account_id=account_id, amount=amount, idempotency_key=idempotency_key
     )
     return applied
@@ -1048,11 +1053,11 @@ _ACCOUNT_STATES = select(
     Account.balance,
     Account.reserved,
     type_coerce(_sum_of(LedgerEntry), Money()),
-    type_coerce(_sum_of(Hold, Hold.status == ledger.OPEN), Money()),
+    type_coerce(_sum_of(Hold, Hold.status == OPEN), Money()),
 ).where(Account.id.in_(_ACCOUNT_IDS))
 _OPEN_HOLDS = (
     select(Hold.id, Hold.account_id, Hold.amount, Hold.expires_at)
-    .where(Hold.account_id.in_(_ACCOUNT_IDS), Hold.status == ledger.OPEN)
+    .where(Hold.account_id.in_(_ACCOUNT_IDS), Hold.status == OPEN)
     .order_by(Hold.expires_at)
 )
 
@@ -1120,7 +1125,7 @@ def open_holds(account_ids: list[int]) -> list[OpenHold]:
 def hold_is_open(hold_id: str) -> bool:
     """Whether the hold is still open."""
     status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
-    return status == ledger.OPEN
+    return status == OPEN
 
 
 @dataclass(frozen=True)
@@ -1147,7 +1152,7 @@ def settlement(generation_id: str) -> Settlement:
     ).all()
     charges = db.session.scalars(
         select(LedgerEntry.amount).where(
-            LedgerEntry.generation_id == generation_id, LedgerEntry.kind == ledger.CHARGE
+            LedgerEntry.generation_id == generation_id, LedgerEntry.kind == CHARGE
         )
     ).all()
     return Settlement(
@@ -1220,9 +1225,9 @@ def plant_settlement_that_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: settling charges the worst case, not the usage."""
-    settle = ledger.settle_hold
+    settle = settling.settle_hold
 
-    def settle_the_hold(hold: ledger.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
+    def settle_the_hold(hold: balances.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
         return settle(hold, cost=hold.amount if cost else cost, **kwargs)
 
     monkeypatch.setattr(generations, "settle_hold", settle_the_hold)
@@ -1230,9 +1235,11 @@ def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: usage beyond the hold goes unpaid, whatever the balance."""
-    settle = ledger.settle_hold
+    settle = settling.settle_hold
 
-    def settle_within_the_hold(hold: ledger.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
+    def settle_within_the_hold(
+        hold: balances.HeldCredit, *, cost: Decimal, **kwargs: Any
+    ) -> Decimal:
         return settle(hold, cost=min(cost, hold.amount), **kwargs)
 
     monkeypatch.setattr(generations, "settle_hold", settle_within_the_hold)
@@ -1250,12 +1257,12 @@ def plant_hold_past_the_member_budget(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a charge is totalled in its hour without its request."""
-    totals = ledger._rollup_parameters
+    totals = settling._rollup_parameters
 
     def without_the_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return {**totals(*args, **kwargs), settlement_sql.ROLLUP_PREFIX + "requests": 0}
 
-    monkeypatch.setattr(ledger, "_rollup_parameters", without_the_request)
+    monkeypatch.setattr(settling, "_rollup_parameters", without_the_request)
 
 
 def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,13 +66,9 @@ STEP_ENTRY = EntryValues(
     at=bindparam("entry_at", type_=UTCDateTime()),
     micros=bindparam("entry_micros", type_=BigInteger()),
 )
-
-
 # A grant's guard: the balance stays within what the ledger holds. On SQLite an integer
 # sum past 64 bits turns to a float: it is refused before it is written.
 WITHIN_MAX_BALANCE = accounts.c.balance <= constant(money_units(MAX_MONEY)) + charge
-
-
 _CHAINED_COLUMNS = [
     "id",
     "account_id",
@@ -86,8 +82,6 @@ _CHAINED_COLUMNS = [
     "previous_hash",
     "entry_hash",
 ]
-
-
 # SQLite's next id of an entry, under its write lock: what it would choose itself.
 _NEXT_ENTRY_ID = select(func.coalesce(func.max(entries.c.id), ZERO) + constant(1)).scalar_subquery()
 

@@ -19,8 +19,6 @@ RELEASE_ON_KEY = (
     .where(KEY_ROW, noted(holds.c.reserved_on_key))
     .values(window_reserved=keys.c.window_reserved - amount)
 )
-
-
 RELEASE_ON_MEMBER = (
     update(memberships)
     .where(KEYS_MEMBER, noted(holds.c.reserved_on_member))
@@ -33,14 +31,10 @@ EXTEND_HOLDS = (
     .where(holds.c.id.in_(bindparam("hold_ids", expanding=True)), holds.c.status == OPEN)
     .values(expires_at=bindparam("expires_at", type_=UTCDateTime()))
 )
-
-
 RECORD_PROGRESS = (
     update(holds)
     .where(holds.c.id == bindparam("hold_id"), holds.c.status == OPEN)
     .values(progress=bindparam("progress"))
 )
-
-
 # The same, run alone (execute_alone): its RETURNING gives the driver rows to read.
 RECORD_PROGRESS_ALONE = RECORD_PROGRESS.returning(holds.c.id)

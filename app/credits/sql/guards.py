@@ -38,14 +38,8 @@ from app.credits.models import OPEN, Account, Hold, LedgerEntry, UsageRollup
 from app.database import Money, later_of
 
 accounts, holds, entries = Account.__table__, Hold.__table__, LedgerEntry.__table__
-
-
 rollups = UsageRollup.__table__
-
-
 keys = ApiKey.__table__
-
-
 # The member's budget counters (app.accounts.models.Membership, a layer above, which
 # builds on the ledger): the columns the ledger reads and writes, named here.
 memberships = table(
@@ -57,14 +51,8 @@ memberships = table(
     column("window_spent", Money()),
     column("window_reserved", Money()),
 )
-
-
 amount = bindparam("amount", type_=Money())
-
-
 charge = bindparam("charge", type_=Money())
-
-
 released = bindparam("released", type_=Money())
 
 
@@ -182,41 +170,21 @@ def spend_in_window(
 
 # What a hold needs of the account's row, its key's and its member's, and what it changes there.
 ACCOUNT_ROW = accounts.c.id == bindparam("account_id")
-
-
 ACCOUNT_COVERS = accounts.c.balance - accounts.c.reserved >= amount
-
-
 RESERVE_ON_ACCOUNT = {accounts.c.reserved: accounts.c.reserved + amount}
-
-
 KEY_ROW = keys.c.id == bindparam("key_id")
-
-
 KEY_WITHIN_LIMIT = within_budget(keys)
-
-
 # The key is still as its caller presented it: active, under the same value. A caller
 # its process remembers (app.auth.caller_cache) may outlive its key's revocation,
 # rotation or deletion for the time the change takes to be heard; nothing is held on it.
 key_digest = bindparam("key_digest", type_=String())
-
-
 KEY_AS_PRESENTED = and_(
     keys.c.state == constant(ACTIVE), or_(key_digest.is_(None), keys.c.digest == key_digest)
 )
-
-
 RESERVE_ON_KEY = reserve_in_window(keys)
-
-
 # The key's member: a key belongs to one member for its life.
 KEYS_MEMBER = memberships.c.id == select(keys.c.member_id).where(KEY_ROW).scalar_subquery()
-
-
 MEMBER_WITHIN_BUDGET = within_budget(memberships)
-
-
 RESERVE_ON_MEMBER = reserve_in_window(memberships)
 
 
@@ -234,8 +202,6 @@ DEBIT_AND_RELEASE = {
     accounts.c.balance: accounts.c.balance - charge,
     accounts.c.reserved: accounts.c.reserved - released,
 }
-
-
 DEBIT = update(accounts).where(ACCOUNT_ROW).values(DEBIT_AND_RELEASE)
 
 

@@ -318,11 +318,7 @@ def _insert_hold(notes: list[Any], source: CTE) -> CTE:
 
 # A hold's row: its own values, then what it notes of its key's and member's rows.
 _HOLD_COLUMNS = ["id", "account_id", "amount", "api_key_id", "status", "created_at", "expires_at"]
-
-
 _HOLD_COLUMNS += ["key_window_start", "member_window_start"]
-
-
 _HOLD_COLUMNS += ["reserved_on_key", "reserved_on_member"]
 
 

@@ -85,13 +85,9 @@ used_at = bindparam("used_at", type_=UTCDateTime())
 
 
 SPEND_ON_KEY = spend_on_key(noted(holds.c.key_window_start), noted(holds.c.reserved_on_key))
-
-
 SPEND_ON_MEMBER = spend_on_member(
     noted(holds.c.member_window_start), noted(holds.c.reserved_on_member)
 )
-
-
 HOLD_RESERVATIONS = select(holds.c.reserved_on_key, holds.c.reserved_on_member).where(HOLD_ROW)
 
 
@@ -99,8 +95,6 @@ HOLD_RESERVATIONS = select(holds.c.reserved_on_key, holds.c.reserved_on_member).
 # INSERT ... ON CONFLICT DO UPDATE on SQLite and PostgreSQL. Its parameters are named
 # rollup_<column>, apart from every other statement's of a settlement.
 ROLLUP_KEY = ("account_id", "api_key_id", "model", "hour")
-
-
 ROLLUP_SUMS = (
     "requests",
     "prompt_tokens",
@@ -110,11 +104,7 @@ ROLLUP_SUMS = (
     "cost",
     "shortfall",
 )
-
-
 ROLLUP_PREFIX = "rollup_"
-
-
 ROLL_UP = text(
     f"INSERT INTO usage_rollups ({', '.join(ROLLUP_KEY + ROLLUP_SUMS)}) "
     f"VALUES ({', '.join(':' + ROLLUP_PREFIX + name for name in ROLLUP_KEY + ROLLUP_SUMS)}) "

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import event
 
-from app.credits import holds, ledger
+from app.credits import balances, expiry
 from app.credits.sql import settlement as settlement_sql
 from app.database.driver import driver_form
 from app.extensions import db
@@ -36,9 +36,9 @@ def plans_of(work: Callable[[], object]) -> list[str]:
 @pytest.mark.parametrize(
     "work",
     [
-        lambda: ledger.release_expired_holds(),
-        lambda: ledger.release_expired_holds(account_id=1),
-        lambda: holds.open_holds_summary(),
+        lambda: expiry.release_expired_holds(),
+        lambda: expiry.release_expired_holds(account_id=1),
+        lambda: balances.open_holds_summary(),
     ],
     ids=["sweeper", "sweeper-for-an-account", "open-holds-gauge"],
 )
