@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import bindparam, func, select, true, type_coerce
+from sqlalchemy import bindparam, func, select, true, type_coerce, update
 
 from app import budgets, sweeper
 from app.accounts import budgets as budget_admin
@@ -45,6 +45,8 @@ from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
 from app.credits import balances, entries, expiry, grants, holds
 from app.credits import settlement as settling
+from app.credits.chain import GENESIS
+from app.credits.chain_audit import verify_chains
 from app.credits.errors import InsufficientCredits
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
 from app.credits.sql import guards
@@ -1206,6 +1208,28 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
     )
 
 
+def chain_problems(account_ids: list[int], checked: dict[int, int]) -> list[str]:
+    """Verify the accounts' hash chains as ``flask ledger verify`` does; say where each breaks.
+
+    Each account's chain is taken up after its entry in ``checked`` (the last one a
+    check before found sound, whose digest and balance are trusted), so that a step
+    costs what it wrote; an account's row, its head and balance, is checked each time.
+    While every chain holds, ``checked`` is moved on to each account's last entry.
+    """
+    last = dict(
+        db.session.execute(
+            select(LedgerEntry.account_id, func.max(LedgerEntry.id))
+            .where(LedgerEntry.account_id.in_(account_ids))
+            .group_by(LedgerEntry.account_id)
+        ).all()
+    )
+    db.session.commit()
+    report = verify_chains(account_ids, after=checked)
+    if not report.problems:
+        checked.update(last)
+    return [f"chain of {problem}" for problem in report.problems]
+
+
 def plant_hold_without_balance_condition(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a hold is placed whatever the balance."""
     monkeypatch.setattr(guards, "ACCOUNT_COVERS", true())
@@ -1280,6 +1304,26 @@ def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> Non
 def plant_progress_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the sweeper on purpose: what a stream delivered is never recorded."""
     monkeypatch.setattr(sweeper, "progress_of", lambda generation: None)
+
+
+def plant_grants_that_leave_the_head_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a grant chains its entry, but the head stays where it was.
+
+    Only on an account with entries already: its first, opened with the account, is
+    chained as it should be.
+    """
+    append = grants.append_entry
+
+    def append_leaving_the_head(connection: Any, **kwargs: Any) -> bool:
+        account = Account.__table__.c
+        row = account.id == kwargs["account_id"]
+        head = connection.execute(select(account.ledger_head).where(row)).scalar_one()
+        chained = append(connection, **kwargs)
+        if head != GENESIS:
+            connection.execute(update(Account.__table__).where(row).values(ledger_head=head))
+        return chained
+
+    monkeypatch.setattr(grants, "append_entry", append_leaving_the_head)
 
 
 def plant_uncounted_block(monkeypatch: pytest.MonkeyPatch) -> None:
