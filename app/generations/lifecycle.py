@@ -563,7 +563,7 @@ def progress_of(generation: Generation, *, always: bool = False) -> dict[str, An
     """Return the record of what the streaming ``generation`` delivered so far, as JSON.
 
     None when nothing was delivered, and no usage came, since its progress was last
-    taken (unless ``always``). Kept with its hold (``ledger.record_progress``), it is what
+    taken (unless ``always``). Kept with its hold (``expiry.record_progress``), it is what
     the hold is settled at if the worker dies before the stream ends
     (``settle_interrupted``): the upstream's usage too, once it came. It also says whether
     the upstream had ended the generation, and the most the request could use (its
