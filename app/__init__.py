@@ -70,12 +70,14 @@ def register_blueprints(app: Flask) -> None:
         alerts,  # noqa: F401  (adds its page to the blueprint)
         billing,  # noqa: F401  (adds the Balance page to the blueprint)
         organisations,  # noqa: F401  (adds its pages to the blueprint)
+        statements,  # noqa: F401  (adds the Balance page's downloads to the blueprint)
     )
     from app.dashboard import views as dashboard_views
     from app.embeddings import views as embedding_views
     from app.gemini import errors as gemini_errors
     from app.gemini import views as gemini_views
     from app.generations import views as generation_views
+    from app.ledger_statements import views as statement_views
     from app.messages import errors as message_errors
     from app.messages import views as message_views
     from app.monitoring import health
@@ -105,6 +107,10 @@ def register_blueprints(app: Flask) -> None:
     register_envelope(app, f"{API_PREFIX}/models", gemini_errors.render_for_google_callers)
     register_envelope(app, f"{API_PREFIX}/models", message_errors.render_for_anthropic_callers)
     app.register_blueprint(generation_views.bp, url_prefix=API_PREFIX)
+    app.register_blueprint(statement_views.bp, url_prefix=API_PREFIX)
+    # The public key is for anyone checking a statement: no key, no rate limit.
+    app.register_blueprint(statement_views.well_known)
+    limiter.exempt(statement_views.well_known)
     app.register_blueprint(dashboard_views.bp)
     # Stripe signs its events; a rate limit is for API keys, which it has none of.
     app.register_blueprint(billing_views.bp)

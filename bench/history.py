@@ -263,6 +263,54 @@ def charge_generations(holder: Holder) -> None:
         parameters,
     )
     db.session.commit()
+    chain_charges(holder.account_id)
+
+
+def chain_charges(account_id: int) -> None:
+    """Chain the charges written above after the grant, as settlement would have, a page at a time.
+
+    Their digests are the app's own (app.credits.chain): the audit then finds the
+    account's chain whole. The ledger's triggers let an entry not yet chained be chained
+    once, which is all this writes.
+    """
+    from dataclasses import replace
+
+    from sqlalchemy import select, update
+
+    from app.credits.chain_audit import fields_of
+    from app.credits.models import Account, LedgerEntry
+    from app.extensions import db
+
+    head = db.session.scalar(select(Account.ledger_head).where(Account.id == account_id))
+    balance = db.session.scalar(
+        select(LedgerEntry.balance_after)
+        .where(LedgerEntry.account_id == account_id, LedgerEntry.entry_hash.is_not(None))
+        .order_by(LedgerEntry.id.desc())
+        .limit(1)
+    )
+    unchained = (
+        select(LedgerEntry)
+        .where(LedgerEntry.account_id == account_id, LedgerEntry.entry_hash.is_(None))
+        .order_by(LedgerEntry.id)
+    )
+    after = 0
+    while entries := db.session.scalars(
+        unchained.where(LedgerEntry.id > after).limit(SEED_BATCH)
+    ).all():
+        chained = []
+        for entry in entries:
+            balance += entry.amount
+            digest = replace(fields_of(entry), balance_after=balance, previous_hash=head).digest()
+            chained.append(
+                {"id": entry.id, "balance_after": balance, "previous_hash": head,
+                 "entry_hash": digest}
+            )  # fmt: skip
+            head = digest
+        db.session.execute(update(LedgerEntry), chained)
+        db.session.expunge_all()
+        after = entries[-1].id
+    db.session.execute(update(Account).where(Account.id == account_id).values(ledger_head=head))
+    db.session.commit()
 
 
 def analyze() -> None:

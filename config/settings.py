@@ -10,6 +10,9 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -97,6 +100,9 @@ class Config:
     TOPUP_MIN_USD = Decimal(5)
     TOPUP_MAX_USD = Decimal(10000)
     TOPUP_FEE_PERCENT = Decimal(0)
+    # The Ed25519 private key (PEM) that signs ledger statements (app.ledger_statements);
+    # unset: one made once in the instance folder, but none in production.
+    LEDGER_SIGNING_KEY: str | None = None
 
 
 class DevelopmentConfig(Config):
@@ -207,6 +213,16 @@ def _percent(value: str) -> Decimal:
     return percent
 
 
+def _ed25519_pem(value: str) -> str:
+    try:
+        key = serialization.load_pem_private_key(value.encode(), password=None)
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError("must be an unencrypted Ed25519 private key in PEM")
+    return value
+
+
 def _signup_mode(value: str) -> str:
     if value not in ("open", "closed"):
         raise ValueError("must be open or closed")
@@ -239,7 +255,11 @@ ENVIRONMENT_MAP: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("TOPUP_MIN_USD", "TOPUP_MIN_USD", _usd),
     ("TOPUP_MAX_USD", "TOPUP_MAX_USD", _usd),
     ("TOPUP_FEE_PERCENT", "TOPUP_FEE_PERCENT", _percent),
+    ("LEDGER_SIGNING_KEY", "LEDGER_SIGNING_KEY", _ed25519_pem),
 )
+
+# Variables whose value an error message must not repeat.
+SECRET_VARIABLES = frozenset({"LEDGER_SIGNING_KEY"})
 
 
 def settings_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -252,7 +272,8 @@ def settings_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         try:
             settings[setting] = coerce(raw)
         except ValueError as exc:
-            raise ConfigurationError(f"{variable}={raw!r}: {exc}") from None
+            shown = variable if variable in SECRET_VARIABLES else f"{variable}={raw!r}"
+            raise ConfigurationError(f"{shown}: {exc}") from None
     return settings
 
 

@@ -1,14 +1,23 @@
-"""``flask ledger audit``, ``flask ledger verify``: check the ledger's books and its chains."""
+"""``flask ledger audit``, ``verify``, ``statement``: check books and chains, sign statements."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
+from app.accounts.members import find_organisation
 from app.cli.common import (
     OperatorGroup,
+    operator_errors,
 )
 from app.credits.chain_audit import verify_chains
+from app.database import utcnow
 from app.generations.audit import audit_ledger
+from app.ledger_statements.errors import InvalidPeriod, SigningKeyMissing
+from app.ledger_statements.periods import parse_period
+from app.ledger_statements.statement import signed_statement
 from app.payments.audit import payment_problems
 
 ledger_cli = OperatorGroup("ledger", help="Check the ledger's books.")
@@ -64,3 +73,40 @@ def verify_command(account_ids: tuple[int, ...]) -> None:
     click.echo(f"verified the chains of {report.accounts} accounts: {len(report.problems)} broken")
     if report.problems:
         raise SystemExit(1)
+
+
+@ledger_cli.command("statement")
+@click.argument("org")
+@click.option(
+    "--period",
+    required=True,
+    help="A month, YYYY-MM (UTC), or whole days, YYYY-MM-DD..YYYY-MM-DD (both included).",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write it here, not to stdout."
+)
+def statement_command(org: str, period: str, out: Path | None) -> None:
+    """Print the signed statement of ORG (id or name) for --period, as JSON.
+
+    ``python tools/verify_statement.py FILE`` checks it without the database.
+    """
+    now = utcnow()
+    with operator_errors():
+        account = find_organisation(org)
+        try:
+            statement = signed_statement(
+                account=account, period=parse_period(period, now=now), now=now
+            )
+        except (InvalidPeriod, SigningKeyMissing) as refused:
+            raise click.ClickException(refused.message) from None
+    text = json.dumps(statement, indent=2, ensure_ascii=False) + "\n"
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise click.ClickException(f"cannot write {out}: {error.strerror}") from None
+    entries = len(statement["entries"])
+    click.echo(f"wrote the statement of {account.name} for {statement['period']} to {out}")
+    click.echo(f"{entries} entries, closing head {statement['closing_hash']}")

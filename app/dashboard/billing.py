@@ -1,9 +1,10 @@
 """The dashboard's Balance page: the balance, buying credits, redeeming codes, the books.
 
-Every member sees the balance; owners and admins also see the ledger and the payments,
-buy credits through Stripe Checkout and redeem codes. Buying needs STRIPE_SECRET_KEY:
-without it the page says buying is not set up. An order is paid only when Stripe's
-webhook says so: its return page says "pending" until then, and reloads itself.
+Every member sees the balance; owners and admins also see the ledger, its signed
+statements (app.dashboard.statements) and the payments, buy credits through Stripe
+Checkout and redeem codes. Buying needs STRIPE_SECRET_KEY: without it the page says
+buying is not set up. An order is paid only when Stripe's webhook says so: its return
+page says "pending" until then, and reloads itself.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from app.dashboard.formatting import csv_cell, csv_text
 from app.dashboard.security import role_required
 from app.dashboard.views import bp
 from app.database import utcnow
+from app.ledger_statements.statement import statement_periods
 from app.payments.books import COLUMNS, book_lines
 from app.payments.codes import CodeRefused, redeem
 from app.payments.models import PENDING
@@ -105,6 +107,7 @@ def _balance_page(status: int = 200) -> tuple[str, int]:
         lines=book_lines(account.id, limit=50) if manages else [],
         topup=topup_of(account.id) if manages else None,
         topup_form=_topup_form(account.id) if manages else None,
+        statements=statement_periods(account, utcnow()) if manages else [],
     )
     return html, status
 

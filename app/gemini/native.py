@@ -114,6 +114,21 @@ SENT_BODY = BodyShape(
         "file_data": file_data,
     },
     kind_of=data_field,
+    # A function call's arguments and response, and the schemas of functions and of the
+    # output: JSON the model reads.
+    free_form=frozenset(
+        {
+            "args",
+            "response",
+            "parameters",
+            "parametersJsonSchema",
+            "parameters_json_schema",
+            "responseSchema",
+            "response_schema",
+            "responseJsonSchema",
+            "response_json_schema",
+        }
+    ),
 )
 
 

@@ -38,6 +38,7 @@ from app.generations.lifecycle import (
     Generation,
     count_prompt_tokens,
     native_routes,
+    new_embedding_id,
     new_generation_id,
     relay_generation,
     relay_stream,
@@ -172,10 +173,17 @@ def count_tokens(name: str, body: object) -> Response:
 @bp.post("/models/<model_call:target>")
 @bp_v1.post("/models/<model_call:target>")
 @require_api_key
-@honour_idempotency_key(new_generation_id)
+@honour_idempotency_key(lambda: new_call_id(request.view_args["target"]))
 def model_call(target: str) -> Response:
     """Route ``POST /models/{model}:{method}``."""
     return call_model(target)
+
+
+def new_call_id(target: str) -> str:
+    """Return the id of a new generation for ``{model}:{method}``: an embedding's or a chat's."""
+    if target.rpartition(":")[2] in EMBEDDING_METHODS:
+        return new_embedding_id()
+    return new_generation_id()
 
 
 @bp.get("/models")

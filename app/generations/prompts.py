@@ -82,6 +82,14 @@ class BodyShape:
     settings: frozenset[str]
     media: Mapping[str, MediaRule]
     kind_of: KindOf = typed
+    # Fields, at any depth, whose value the model reads as plain JSON (a tool call's
+    # arguments, a schema): no media rule applies inside them, since an object there
+    # that looks like an image or a file is text to the model, to be counted as text.
+    free_form: frozenset[str] = frozenset()
+
+
+# How a free-form field's value is read: every string, key and number as text.
+PLAIN_JSON = BodyShape(settings=frozenset(), media={})
 
 
 @dataclass(frozen=True)
@@ -173,19 +181,25 @@ def read_content(body: Mapping[str, Any], shape: BodyShape) -> PromptContent:
         if key in shape.settings:
             continue
         try:
-            gather(value, shape.media, content, shape.kind_of)
+            gather(value, shape, content)
         except UncountableContent as error:
             raise UncountableContent(error.message, param=key) from None
     return content
 
 
-def gather(
-    value: Any, media: Mapping[str, MediaRule], content: PromptContent, kind_of: KindOf = typed
-) -> None:
+def gather(value: Any, shape: BodyShape, content: PromptContent) -> None:
     """Add ``value``'s strings, numbers and binary parts to ``content``, at any depth."""
+    plain = _read(value, shape, content)
+    if plain:
+        _read(plain, PLAIN_JSON, content)
+
+
+def _read(value: Any, shape: BodyShape, content: PromptContent) -> list[Any]:
+    """Gather ``value`` by ``shape``'s rules; return what lies in its free-form fields."""
+    media, kind_of, free_form = shape.media, shape.kind_of, shape.free_form
     texts = content.texts
     # A stack, not recursion: how deep a body nests is the caller's choice.
-    pending = [value]
+    pending, plain = [value], []
     while pending:
         value = pending.pop()
         kind = type(value)
@@ -196,13 +210,18 @@ def gather(
         elif kind is dict:
             if not counted_as_media(value, media, content, kind_of):
                 texts += value
-                pending += value.values()
+                if free_form.isdisjoint(value):
+                    pending += value.values()
+                else:
+                    for key, item in value.items():
+                        (plain if key in free_form else pending).append(item)
             elif (field := kind_of(value)) in value:
                 # Only the field its rule counted is binary: the rest is read as any other.
                 texts += (key for key in value if key != field)
                 pending += (item for key, item in value.items() if key != field)
         elif kind is int or kind is float:
             texts.append(repr(value))
+    return plain
 
 
 def counted_as_media(

@@ -145,6 +145,8 @@ SENT_BODY = BodyShape(
         "url": opaque,
         "file": opaque,
     },
+    # A tool call's input and the schemas of tools and of the output: JSON the model reads.
+    free_form=frozenset({"input", "input_schema", "schema"}),
 )
 
 

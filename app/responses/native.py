@@ -140,6 +140,8 @@ SENT_BODY = BodyShape(
         "input_file": opaque,
         "input_audio": opaque,
     },
+    # The schemas of function tools and of the output: JSON the model reads.
+    free_form=frozenset({"parameters", "schema"}),
 )
 
 

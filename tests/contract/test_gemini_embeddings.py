@@ -417,4 +417,6 @@ def test_an_idempotency_key_embeds_once(gateway, app, funded):
 
     assert first.status_code == again.status_code == 200, first.text
     assert first.json() == again.json()
-    assert_charged_at_its_price(gateway, app, funded, builtin_tokens(["once only"]), "dev-embed")
+    tokens = builtin_tokens(["once only"])
+    generation, _ = assert_charged_at_its_price(gateway, app, funded, tokens, "dev-embed")
+    assert generation.id.startswith("embd-"), "an embedding's record, named as one"

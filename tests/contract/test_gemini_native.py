@@ -371,6 +371,25 @@ CARRYING_IT = {
         },
         ASKED,
     ],
+    # Arguments are JSON the model reads: what looks like inline data there is text.
+    "a function call's arguments shaped as inline data": [
+        {
+            "role": "model",
+            "parts": [
+                {
+                    "functionCall": {
+                        "name": "notes",
+                        "args": {"inlineData": {"mimeType": "image/png", "data": HIDDEN}},
+                    }
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": "notes", "response": {"ok": True}}}],
+        },
+        ASKED,
+    ],
 }
 
 
@@ -378,10 +397,12 @@ CARRYING_IT = {
 def test_text_wherever_it_is_counted_by_the_hold_402_on_a_small_balance(
     app, gateway, make_funded_key, scripted, carrier
 ):
-    # 20,000 tokens cost $0.006 at $0.30 per million: $0.005 cannot hold them.
+    # 20,000 tokens cost $0.006 at $0.30 per million: $0.005 cannot hold them, where it
+    # holds the prompt asked (about 10 tokens) and 100 tokens of output many times over.
     funded = make_funded_key(Decimal("0.005"))
+    body = {"contents": CARRYING_IT[carrier], "generationConfig": {"maxOutputTokens": 100}}
 
-    response = post(gateway, funded.key, {"contents": CARRYING_IT[carrier]})
+    response = post(gateway, funded.key, body)
 
     assert response.status_code == 402, response.text
     assert response.json()["error"]["status"] == "RESOURCE_EXHAUSTED"

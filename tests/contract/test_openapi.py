@@ -17,6 +17,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from tests.conftest import running_server
+from tests.statement_checks import new_signing_pem
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "app" / "openapi.json"
 ERROR_STATUSES = {"400", "401", "402", "403", "404", "413", "415", "429", "500", "502", "503"}
@@ -24,9 +25,15 @@ ERROR_STATUSES = {"400", "401", "402", "403", "404", "413", "415", "429", "500",
 
 @pytest.fixture(scope="session")
 def openapi_server(app, database_url, tmp_path_factory):
-    """A server without rate limits, so generated requests all reach the views."""
+    """A server without rate limits, so generated requests all reach the views.
+
+    It signs statements with a key of its own, not one kept in the instance folder.
+    """
     folder = tmp_path_factory.mktemp("openapi")
-    with running_server(database_url, folder, RATE_LIMIT="off") as server:
+    signing = new_signing_pem()
+    with running_server(
+        database_url, folder, RATE_LIMIT="off", LEDGER_SIGNING_KEY=signing
+    ) as server:
         yield server
 
 

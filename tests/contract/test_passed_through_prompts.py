@@ -190,6 +190,31 @@ MESSAGES_CARRYING_IT = {
         {"role": "user", "content": ASKED},
     ],
     "a block of a type added later": [user({"type": "notes_2027", "notes": HIDDEN})],
+    # A tool call's input is JSON the model reads: what looks like an image there is text.
+    "a tool call's input shaped as an image": [
+        {"role": "user", "content": "Take notes."},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "notes",
+                    "input": {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": HIDDEN},
+                    },
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": "noted"},
+                {"type": "text", "text": ASKED},
+            ],
+        },
+    ],
 }
 
 

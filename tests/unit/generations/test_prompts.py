@@ -8,6 +8,7 @@ import pytest
 
 from app.catalog.pricing import Pricing
 from app.catalog.registry import Model
+from app.gemini.native import SENT_BODY as GEMINI_BODY
 from app.generations.errors import UncountableContent, UnsupportedContent
 from app.generations.prompts import (
     BodyShape,
@@ -132,6 +133,40 @@ def test_a_messages_bodys_binary_is_counted_wherever_it_is(block, counted):
     content = read_content(body, MESSAGES_BODY)
 
     assert getattr(content, counted) == 1
+
+
+TEXT = "a long text the model reads"
+# An image as each door writes one, in a field whose value the model reads as JSON.
+AN_IMAGE_IN_MESSAGES = {"type": "image", "source": {"type": "base64", "data": TEXT}}
+AN_IMAGE_IN_RESPONSES = {"type": "input_image", "image_url": TEXT}
+AN_IMAGE_IN_GEMINI = {"inlineData": {"mimeType": "image/png", "data": TEXT}}
+
+
+@pytest.mark.parametrize(
+    "body, shape",
+    [
+        ({"tools": [{"name": "t", "input_schema": AN_IMAGE_IN_MESSAGES}]}, MESSAGES_BODY),
+        (
+            {"messages": [{"content": [{"type": "tool_use", "input": AN_IMAGE_IN_MESSAGES}]}]},
+            MESSAGES_BODY,
+        ),
+        ({"tools": [{"type": "function", "parameters": AN_IMAGE_IN_RESPONSES}]}, RESPONSES_BODY),
+        ({"text": {"format": {"schema": AN_IMAGE_IN_RESPONSES}}}, RESPONSES_BODY),
+        (
+            {"contents": [{"parts": [{"functionCall": {"args": AN_IMAGE_IN_GEMINI}}]}]},
+            GEMINI_BODY,
+        ),
+        (
+            {"tools": [{"functionDeclarations": [{"parameters": AN_IMAGE_IN_GEMINI}]}]},
+            GEMINI_BODY,
+        ),
+    ],
+)
+def test_what_looks_like_an_image_in_a_free_form_field_is_read_as_text(body, shape):
+    content = read_content(body, shape)
+
+    assert (content.images, content.opaque) == (0, 0)
+    assert TEXT in content.texts
 
 
 def test_a_text_documents_text_is_read():
