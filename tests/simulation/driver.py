@@ -1208,25 +1208,34 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
     )
 
 
-def chain_problems(account_ids: list[int], checked: dict[int, int]) -> list[str]:
+def chain_problems(account_ids: list[int], checked: dict[int, tuple[Any, ...]]) -> list[str]:
     """Verify the accounts' hash chains as ``flask ledger verify`` does; say where each breaks.
 
-    Each account's chain is taken up after its entry in ``checked`` (the last one a
-    check before found sound, whose digest and balance are trusted), so that a step
-    costs what it wrote; an account's row, its head and balance, is checked each time.
-    While every chain holds, ``checked`` is moved on to each account's last entry.
+    ``checked`` keeps, of each account the last check found sound, its row's head and
+    balance and its last entry. An account found as it was left is not read again: its
+    entries cannot change (the database refuses it). Any other is verified, taken up
+    after its last entry found sound, so that a step costs the entries it wrote; while
+    every chain holds, ``checked`` is moved on.
     """
-    last = dict(
-        db.session.execute(
-            select(LedgerEntry.account_id, func.max(LedgerEntry.id))
-            .where(LedgerEntry.account_id.in_(account_ids))
-            .group_by(LedgerEntry.account_id)
-        ).all()
+    last_entry = (
+        select(func.max(LedgerEntry.id))
+        .where(LedgerEntry.account_id == Account.id)
+        .scalar_subquery()
     )
+    rows = db.session.execute(
+        select(Account.id, Account.ledger_head, Account.balance, last_entry).where(
+            Account.id.in_(account_ids)
+        )
+    ).all()
     db.session.commit()
-    report = verify_chains(account_ids, after=checked)
+    seen = {row[0]: tuple(row[1:]) for row in rows}
+    changed = [account for account in account_ids if checked.get(account) != seen.get(account)]
+    if not changed:
+        return []
+    after = {account: checked[account][-1] for account in changed if account in checked}
+    report = verify_chains(changed, after=after)
     if not report.problems:
-        checked.update(last)
+        checked.update({account: seen[account] for account in changed})
     return [f"chain of {problem}" for problem in report.problems]
 
 

@@ -255,8 +255,8 @@ class Simulation:
         self.stored: list[tuple[int, str, float]] = []
         # The response each stored one continued (None: it began its conversation).
         self.continued: dict[str, str | None] = {}
-        # Each account's last ledger entry whose chain a step's check found sound.
-        self.chains_checked: dict[int, int] = {}
+        # Each account's head, balance and last ledger entry, as a step's check found them sound.
+        self.chains_checked: dict[int, tuple[Any, ...]] = {}
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
