@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.accounts.links import prune_expired_links
 from app.alerts.delivery import deliver_alerts
 from app.credits.errors import AlreadyRecorded
-from app.credits.ledger import (
+from app.credits.expiry import (
     expired_holds_with_progress,
     extend_holds,
     record_progress,

@@ -242,7 +242,7 @@ def charge_generations(holder: Holder) -> None:
 
     from sqlalchemy import text
 
-    from app.credits.ledger import grant_credits
+    from app.credits.grants import grant_credits
     from app.extensions import db
 
     grant_credits(account_id=holder.account_id, amount=Decimal(10**6), description="bench")

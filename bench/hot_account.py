@@ -52,7 +52,7 @@ from decimal import Decimal
 from flask_migrate import upgrade
 from wsgi import app
 from app.accounts.keys import create_key
-from app.credits import ledger
+from app.credits import grants
 from app.accounts.organisations import create_account
 accounts, keys_each, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 with app.app_context():
@@ -60,7 +60,7 @@ with app.app_context():
     values = []
     for number in range(accounts):
         account = create_account(email=f"hot-{tag}-{number}@example.com")
-        ledger.grant_credits(account_id=account.id, amount=Decimal(100000), description="bench")
+        grants.grant_credits(account_id=account.id, amount=Decimal(100000), description="bench")
         for each in range(keys_each):
             values.append(create_key(account_id=account.id, name=f"bench {each}").value)
 print(json.dumps(values))

@@ -7,7 +7,7 @@ change to the ledger's statements moved. On a private server under callgrind
 of its own, which its holds reserve on; ``--budgets``: a key and its member with budgets
 of their own and the account with a balance alert set, none of them reached) places
 ``--holds`` holds through the ledger
-(app.credits.ledger.place_hold), then settles each with its generation's record and
+(app.credits.holds.place_hold), then settles each with its generation's record and
 rollup (settle_hold), as a chat completion does; the backends' instructions of each
 phase are divided by the holds. A warm-up of 30 of each comes first.
 
@@ -109,13 +109,13 @@ class Ledger:
 
     def hold(self, count: int) -> list[Any]:
         """Place ``count`` holds, each under a new generation's id."""
-        from app.credits import ledger
+        from app.credits.holds import place_hold
 
         held = []
         for _ in range(count):
             self.placed += 1
             held.append(
-                ledger.place_hold(
+                place_hold(
                     account_id=self.account_id,
                     amount=HOLD,
                     ttl_seconds=600,
@@ -127,13 +127,13 @@ class Ledger:
 
     def settle(self, held: list[Any]) -> None:
         """Settle each hold with its generation's record and rollup."""
-        from app.credits import ledger
+        from app.credits.settlement import settle_hold
         from app.generations.lifecycle import rollup_of
 
         for hold in held:
             record = self.record(hold.id)
             rollup = rollup_of(record[1])
-            ledger.settle_hold(hold, cost=COST, generation_id=hold.id, record=record, rollup=rollup)
+            settle_hold(hold, cost=COST, generation_id=hold.id, record=record, rollup=rollup)
 
     def record(self, generation_id: str) -> tuple[Any, dict[str, Any]]:
         """Return a chat completion's record, as app.generations.lifecycle writes it."""

@@ -5,8 +5,11 @@ SQLite (the key's lookup; the hold: two UPDATEs and an INSERT; the settlement: t
 UPDATEs and two INSERTs), on a database the gateway's migrations made, with the
 gateway's settings (app.database.sqlite.sqlite_pragmas: WAL, synchronous=NORMAL, the checkpoint
 interval, foreign keys). The statements are those sqlite3's trace callback showed the
-gateway running (commit 2f627c7); the columns of the generation record are read from
-the schema. Three ways of committing:
+gateway running (commit 2f627c7), but for the charge's ledger entry: its two statements,
+the entry chained after the account's head and the UPDATE that moves the balance and the
+head to it, are the gateway's own (app.credits.sql.entries), in the form its driver sends
+them, their digest computed by the same sha256_hex. The columns of the generation record
+are read from the schema. Three ways of committing:
 
 - ``two``: a hold's transaction and a settlement's transaction per request, as the
   gateway writes them;
@@ -37,7 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.database.sqlite import sqlite_pragmas  # noqa: E402
+from sqlalchemy.dialects import sqlite  # noqa: E402
+
+from app.credits.chain import epoch_micros  # noqa: E402
+from app.credits.sql.entries import DEBIT_TO_NEW_HEAD, insert_chained_entry  # noqa: E402
+from app.database.driver import driver_form  # noqa: E402
+from app.database.sqlite import sha256_hex_of, sqlite_pragmas  # noqa: E402
 from bench.run import bench_catalog, funded_key, gateway_env  # noqa: E402
 
 WARM_UP = 320
@@ -68,6 +76,7 @@ def replay(path: Path, count: int, *, batch: int, split: bool) -> tuple[float, f
     a worker stalls that long, all of its requests with it.
     """
     connection = sqlite3.connect(path, isolation_level=None)
+    connection.create_function("sha256_hex", 1, sha256_hex_of, deterministic=True)
     page_size = connection.execute("PRAGMA page_size").fetchone()[0]
     for pragma in sqlite_pragmas(page_size):
         connection.execute(f"PRAGMA {pragma}")
@@ -101,6 +110,8 @@ class Request:
         self.connection = connection
         self.digest, self.key_id, self.account_id = digest, key_id, account_id
         self.columns = columns
+        self.chained_entry = driver_form(insert_chained_entry(None), sqlite.dialect()).text
+        self.debit_to_new_head = driver_form(DEBIT_TO_NEW_HEAD, sqlite.dialect()).text
 
     def run(self, index: int, *, batch: int, split: bool) -> None:
         """Run request number ``index``; commit as ``batch`` and ``split`` say."""
@@ -111,14 +122,15 @@ class Request:
             (self.digest,),
         ).fetchall()
         hold_id = uuid.uuid4().hex
-        now = datetime.now(UTC).replace(tzinfo=None).isoformat(" ")
+        moment = datetime.now(UTC)
+        now = moment.replace(tzinfo=None).isoformat(" ")
         if index % batch == 0:
             execute("BEGIN IMMEDIATE")
         self.hold(hold_id, now)
         if split:
             execute("COMMIT")
             execute("BEGIN IMMEDIATE")
-        self.settle(hold_id, now)
+        self.settle(hold_id, now, epoch_micros(moment))
         if index % batch == batch - 1:
             execute("COMMIT")
 
@@ -139,24 +151,30 @@ class Request:
             (hold_id, self.account_id, HOLD, self.key_id, now, now),
         )
 
-    def settle(self, hold_id: str, now: str) -> None:
-        """Close the hold; charge the account and the key; write the entry and the record."""
+    def settle(self, hold_id: str, now: str, micros: int) -> None:
+        """Close the hold; chain its charge, charging the account; charge the key; record it."""
         execute = self.connection.execute
         execute("UPDATE holds SET status = 'settled' WHERE id = ? AND status = 'open'", (hold_id,))
+        generation_id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        entry = {
+            "entry_kind": "charge",
+            "charge": CHARGE,
+            "entry_generation": generation_id,
+            "entry_reference": None,
+            "entry_note": None,
+            "entry_at": now,
+            "entry_micros": micros,
+            "account_id": self.account_id,
+        }
+        execute(self.chained_entry, entry)
         execute(
-            "UPDATE accounts SET balance = balance - ?, reserved = reserved - ? WHERE id = ?",
-            (CHARGE, HOLD, self.account_id),
+            self.debit_to_new_head,
+            {"charge": CHARGE, "released": HOLD, "account_id": self.account_id},
         )
         execute(
             "UPDATE api_keys SET window_spent = window_spent + ?, "
             "window_reserved = window_reserved - ? WHERE id = ?",
             (CHARGE, HOLD, self.key_id),
-        )
-        generation_id = "chatcmpl-" + uuid.uuid4().hex[:24]
-        execute(
-            "INSERT INTO ledger_entries (account_id, kind, amount, generation_id, created_at) "
-            "VALUES (?, 'charge', ?, ?, ?)",
-            (self.account_id, -CHARGE, generation_id, now),
         )
         values = dict.fromkeys(self.columns, 0)
         values.update(

@@ -9,7 +9,7 @@ import factory
 
 from app.accounts.keys import IssuedKey, create_key
 from app.accounts.organisations import create_account
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from app.credits.models import Account
 
 

@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select, text
 
-from app.credits import ledger
+from app.credits import grants, holds, settlement
 from app.credits.chain_audit import fields_of
 from app.credits.models import LedgerEntry
 from app.database import utcnow
@@ -29,8 +29,8 @@ def this_month() -> str:
 
 
 def charge(account_id: int, cost: str) -> None:
-    held = ledger.place_hold(account_id=account_id, amount=Decimal("1"), ttl_seconds=60)
-    ledger.settle_hold(held, cost=Decimal(cost), generation_id=f"gen-{uuid.uuid4().hex}")
+    held = holds.place_hold(account_id=account_id, amount=Decimal("1"), ttl_seconds=60)
+    settlement.settle_hold(held, cost=Decimal(cost), generation_id=f"gen-{uuid.uuid4().hex}")
 
 
 def new_account(app) -> tuple[int, str]:
@@ -43,7 +43,7 @@ def new_account(app) -> tuple[int, str]:
 def write_entries(app, account_id: int, count: int = 3) -> None:
     """A grant and ``count - 1`` charges, through the ledger's own paths."""
     with app.app_context():
-        ledger.grant_credits(account_id=account_id, amount=Decimal("2"))
+        grants.grant_credits(account_id=account_id, amount=Decimal("2"))
         for number in range(count - 1):
             charge(account_id, f"0.00{number + 1}")
 

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
-from app.credits import ledger
+from app.credits import balances, holds, settlement
 from app.credits.models import Hold, LedgerEntry
 from app.database import (
     AUTOCOMMIT_ENGINE,
@@ -398,21 +398,21 @@ def test_a_hold_applied_whose_answer_was_lost_is_placed_once(
     monkeypatch.setattr(kept, "run", applied_then_lost)
     amount = Decimal("0.5")
     with app.app_context():
-        held = ledger.place_hold(
+        held = holds.place_hold(
             account_id=funded_key.account_id,
             amount=amount,
             ttl_seconds=60,
             key_id=funded_key.key_id if with_key else None,
             hold_id=f"chatcmpl-lost-answer-{with_key}",
         )
-        money = ledger.account_money(funded_key.account_id)
+        money = balances.account_money(funded_key.account_id)
         statuses = db.session.scalars(
             select(Hold.status).where(Hold.account_id == funded_key.account_id)
         ).all()
         db.session.commit()
 
     assert lost == [held.id]
-    assert isinstance(held, ledger.HeldCredit) and held.amount == amount
+    assert isinstance(held, balances.HeldCredit) and held.amount == amount
     assert statuses == ["open"] and money.reserved == amount
 
 
@@ -429,7 +429,7 @@ def test_a_forked_process_keeps_none_of_its_parents_connections(postgres_url, mo
 def test_a_hang_ups_settlement_that_meets_a_lost_connection_still_charges(
     postgres_url, drop_connections, funded_key, monkeypatch, caplog
 ):
-    monkeypatch.setattr(ledger, "SETTLE_RETRY_PAUSES", (0.01, 0.01))
+    monkeypatch.setattr(settlement, "SETTLE_RETRY_PAUSES", (0.01, 0.01))
     app = app_pinging_after(postgres_url, idle_seconds=3600)
     slow = {"model": "dev-slow", "messages": [{"role": "user", "content": "one two three four"}]}
     client = app.test_client()

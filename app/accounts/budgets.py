@@ -1,6 +1,6 @@
 """Setting and clearing the budgets of keys and members: an amount in USD a window.
 
-The ledger holds every request to them (``app.credits.ledger``); this module only
+The ledger holds every request to them (``app.credits.holds``); this module only
 changes them. A budget whose window changes starts counting the new window from what
 its keys' requests placed in it so far were charged (and will be, for those still
 running); a ``5h`` window starts with the next request.

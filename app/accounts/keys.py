@@ -1,7 +1,7 @@
 """Issuing and changing an account's API keys: names, limits, rotation, revocation, deletion.
 
 A key may be limited to some of the served models and to a monthly spend in USD; the
-ledger enforces the spend limit in the hold's transaction (see ``app.credits.ledger``).
+ledger enforces the spend limit in the hold's transaction (see ``app.credits.holds``).
 Every change that alters what a key's caller may do is told to the processes that
 remember callers (``forget_remembered_callers``).
 """
@@ -120,7 +120,7 @@ def update_key_limits(
 ) -> ApiKey:
     """Set the models key ``key_id`` may use and its limit a ``window`` (None: no limit).
 
-    Every charge is kept on the key's row (see ``app.credits.ledger``), and a limit set
+    Every charge is kept on the key's row (see ``app.credits.settlement``), and a limit set
     takes over the holds of the key's running requests (app.accounts.budgets), so a
     limit set in the middle of a month counts what was already spent and what the key's
     running requests hold.

@@ -21,7 +21,7 @@ deleted by another process keeps answering until the change is heard, at the nex
 request (the notification or the byte is on its way as the change commits; in the
 process that made the change, nothing is remembered past it). Nothing is billed on
 such a key meanwhile: a hold re-checks the key's state and value in its own statement
-(app.credits.ledger). A caller is remembered at most ``ENTRY_SECONDS`` in any case,
+(app.credits.holds). A caller is remembered at most ``ENTRY_SECONDS`` in any case,
 which bounds what goes unheard: a lost notification, or on SQLite a change made behind
 the gateway's back (an operator's SQL). Nothing is remembered while the listening
 connection is down or the file cannot be read, nor behind a pooler that moves sessions

@@ -16,7 +16,7 @@ from app.cli.common import (
     link_to,
     operator_errors,
 )
-from app.credits import ledger
+from app.credits import grants
 
 accounts_cli = OperatorGroup("accounts", help="Create accounts and invite their holders.")
 
@@ -35,7 +35,7 @@ def create_account_command(email: str, amount: Decimal | None, admin: bool) -> N
     with operator_errors():
         account = create_account(email=email, is_admin=admin)
         if amount:
-            ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
+            grants.grant_credits(account_id=account.id, amount=amount, description="initial")
     click.echo(f"created account {account.id} {email} balance=${account.balance:f}")
 
 

@@ -12,7 +12,7 @@ from app.cli.common import (
     operator_errors,
     organisation_or_account,
 )
-from app.credits import ledger
+from app.credits import grants
 from app.extensions import db
 
 credits_cli = OperatorGroup("credits", help="Add credits to accounts.")
@@ -32,7 +32,7 @@ def grant_command(target: tuple[str, ...], org: str | None, idempotency_key: str
         raise click.ClickException(error.format_message()) from None
     with operator_errors():
         account = organisation_or_account(org, target[0] if len(target) == 2 else None)
-        _, applied = ledger.grant_credits(
+        _, applied = grants.grant_credits(
             account_id=account.id, amount=amount, idempotency_key=idempotency_key
         )
         if applied:

@@ -13,7 +13,7 @@ from app.accounts.passwords import set_password
 from app.cli.common import (
     OperatorGroup,
 )
-from app.credits import ledger
+from app.credits import grants
 from app.credits.accounts import (
     find_account,
 )
@@ -33,7 +33,7 @@ def demo_setup_command() -> None:
         click.echo(f"(a new one: flask keys create {DEMO_EMAIL} --name another)")
         return
     account = create_account(email=DEMO_EMAIL)
-    ledger.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
+    grants.grant_credits(account_id=account.id, amount=DEMO_CREDITS, description="demo")
     password = secrets.token_urlsafe(12)
     set_password(owner_membership(account.id).person_id, password)
     issued = keys.create_key(account_id=account.id, name="demo")

@@ -35,7 +35,7 @@ from app.cli.common import (
     link_to,
     operator_errors,
 )
-from app.credits import ledger
+from app.credits import grants
 from app.credits.models import Account
 from app.database import utcnow
 from app.mail import mail_configured
@@ -55,7 +55,7 @@ def create_organisation_command(name: str, owner_email: str, amount: Decimal | N
     with operator_errors():
         account = create_organisation(name=name, owner_email=owner_email, actor=None)
         if amount:
-            ledger.grant_credits(account_id=account.id, amount=amount, description="initial")
+            grants.grant_credits(account_id=account.id, amount=amount, description="initial")
     click.echo(f"created organisation {account.id} {account.name!r} owned by {owner_email}")
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import and_, bindparam, case, func, select
 
 from app.auth.models import ApiKey
 from app.credits.models import CHARGE, OPEN, Hold, LedgerEntry
-from app.credits.statements import memberships
+from app.credits.sql.guards import memberships
 from app.extensions import db
 
 

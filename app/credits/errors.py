@@ -78,5 +78,5 @@ class AlreadyRecorded(Exception):
 class HoldVoided(Exception):
     """A hold's id was voided before its request placed it: the request was given up for another.
 
-    A retry took over the Idempotency-Key of a request that seemed dead (ledger.void_hold).
+    A retry took over the Idempotency-Key of a request that seemed dead (expiry.void_hold).
     """

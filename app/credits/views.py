@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, g
 
 from app.auth.decorators import require_api_key
-from app.credits.ledger import credit_summary
+from app.credits.balances import credit_summary
 from app.encoding import dumps
 
 bp = Blueprint("credits", __name__)

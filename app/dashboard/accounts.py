@@ -12,7 +12,7 @@ from sqlalchemy import select
 from app.accounts.models import Membership, Person
 from app.auth.models import DELETED, ApiKey
 from app.budgets import MONTH, budget_state
-from app.credits.ledger import month_start
+from app.credits.balances import month_start
 from app.credits.models import Account, LedgerEntry
 from app.dashboard.pages import Page, fetch_page
 from app.dashboard.usage import spend_by_key_since

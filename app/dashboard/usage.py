@@ -32,8 +32,8 @@ from sqlalchemy import (
 
 from app.accounts.models import Membership, Person
 from app.auth.models import DELETED, ApiKey
-from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, UsageRollup
+from app.credits.settlement import hour_of
 from app.dashboard.pages import (
     Cursor,
     KeysetBatches,

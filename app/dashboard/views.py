@@ -37,7 +37,7 @@ from app.auth.models import ApiKey
 from app.budgets import MONTH
 from app.catalog.registry import current_catalog
 from app.credits.errors import IdempotencyConflict
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from app.dashboard import accounts, usage
 from app.dashboard.addresses import safe_next
 from app.dashboard.charts import spend_chart

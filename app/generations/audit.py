@@ -43,8 +43,8 @@ from sqlalchemy.orm import aliased
 from app.catalog.pricing import cost_of
 from app.credits.budget_audit import budget_mismatches
 from app.credits.chain_audit import verify_chains
-from app.credits.ledger import hour_of
 from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
+from app.credits.settlement import hour_of
 from app.database import utcnow, write_transaction
 from app.extensions import db
 from app.generations.lifecycle import recorded_usage

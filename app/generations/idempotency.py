@@ -46,7 +46,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from app.credits.ledger import hold_status, void_hold
+from app.credits.balances import hold_status
+from app.credits.expiry import void_hold
 from app.credits.models import OPEN
 from app.database import lock_until_commit, utcnow, write_transaction
 from app.database.partitions import drop_partitions_before

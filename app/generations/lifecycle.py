@@ -27,16 +27,10 @@ from app.catalog.pricing import (
     worst_case_cost,
 )
 from app.catalog.registry import Model
-from app.credits.ledger import (
-    BudgetShortfall,
-    HeldCredit,
-    Rollup,
-    Shortfall,
-    hour_of,
-    place_hold,
-    record_first_progress,
-    settle_hold,
-)
+from app.credits.balances import BudgetShortfall, HeldCredit, Shortfall
+from app.credits.expiry import record_first_progress
+from app.credits.holds import place_hold
+from app.credits.settlement import Rollup, hour_of, settle_hold
 from app.database import BoundStatement, utcnow
 from app.generations.live import live_holds
 from app.generations.metering import DeliveryMeter, Meter, Outcome, RelayMeter, StreamMeter
@@ -569,7 +563,7 @@ def progress_of(generation: Generation, *, always: bool = False) -> dict[str, An
     """Return the record of what the streaming ``generation`` delivered so far, as JSON.
 
     None when nothing was delivered, and no usage came, since its progress was last
-    taken (unless ``always``). Kept with its hold (``ledger.record_progress``), it is what
+    taken (unless ``always``). Kept with its hold (``expiry.record_progress``), it is what
     the hold is settled at if the worker dies before the stream ends
     (``settle_interrupted``): the upstream's usage too, once it came. It also says whether
     the upstream had ended the generation, and the most the request could use (its

@@ -13,8 +13,8 @@ from app.budgets import DAY, FIVE_HOURS, MONTH, WEEK
 from app.catalog.errors import CapabilityMissing
 from app.catalog.pricing import NO_SURCHARGES, Surcharges, affordable_completion_tokens
 from app.catalog.registry import Model
+from app.credits.balances import KEY_BUDGET, BudgetShortfall, Shortfall
 from app.credits.errors import AccountInDebt, InsufficientCredits
-from app.credits.ledger import KEY_BUDGET, BudgetShortfall, Shortfall
 from app.generations.errors import (
     ContextLengthExceeded,
     OutputLimitExceeded,

@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection
 
-from app.credits.ledger import hour_of
 from app.credits.models import UsageRollup
+from app.credits.settlement import hour_of
 from app.database import utcnow, write_transaction
 from app.database.partitions import add_month_partitions, drop_partitions_before
 from app.extensions import db

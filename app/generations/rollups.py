@@ -32,8 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from app.credits.accounts import AccountNotFound
-from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, Account, UsageRollup
+from app.credits.settlement import hour_of
 from app.database import utc_hour, write_transaction
 from app.extensions import db
 from app.generations.models import Generation

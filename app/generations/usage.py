@@ -16,8 +16,9 @@ from sqlalchemy import case, func, select
 from app.accounts.models import Membership
 from app.auth.models import ApiKey
 from app.budgets import BudgetState, budget_state
-from app.credits.ledger import hour_of, month_start
+from app.credits.balances import month_start
 from app.credits.models import UsageRollup
+from app.credits.settlement import hour_of
 from app.database import utcnow
 from app.extensions import db
 

@@ -13,7 +13,7 @@ from werkzeug.exceptions import NotFound
 
 from app.auth.decorators import bearer_token
 from app.catalog.registry import Catalog, current_catalog
-from app.credits.holds import open_holds_summary
+from app.credits.balances import open_holds_summary
 from app.extensions import db
 from app.observability.metrics import gauge, render_metrics
 from app.providers.base import UpstreamConfig

@@ -16,7 +16,7 @@ from decimal import Decimal
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
 
-from app.credits.ledger import grant_within
+from app.credits.grants import grant_within
 from app.database import utcnow, write_transaction
 from app.extensions import db
 from app.payments.models import RedemptionCode

@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 
-from app.credits.ledger import grant_within, take_back_within
+from app.credits.grants import grant_within, take_back_within
 from app.database import utcnow, write_transaction
 from app.money import to_money
 from app.payments.models import (

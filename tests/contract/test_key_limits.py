@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from app.accounts.keys import create_key
 from app.auth.models import ApiKey
-from app.credits.ledger import month_start
+from app.credits.balances import month_start
 from app.credits.models import Account, Hold, LedgerEntry
 from app.database import utcnow
 from app.extensions import db

@@ -11,8 +11,8 @@ import requests
 from sqlalchemy import select
 
 from app.accounts.keys import create_key, delete_key
-from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, UsageRollup
+from app.credits.settlement import hour_of
 from app.extensions import db
 from app.generations.models import Generation
 from tests.conftest import TEST_CATALOG, running_server

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 
 from app.accounts.organisations import memberships_of
 from app.accounts.passwords import register_account
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ARTIFACTS = ROOT / "test-artifacts"

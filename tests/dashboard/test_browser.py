@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from app.credits.accounts import find_account_or_raise
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from app.dashboard.formatting import format_usd
 from tests.dashboard.conftest import PASSWORD, new_email
 

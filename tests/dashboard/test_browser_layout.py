@@ -19,7 +19,7 @@ from app.accounts.models import Person
 from app.accounts.organisations import find_person_by_email, stage_account
 from app.accounts.passwords import register_account
 from app.credits.accounts import find_account_or_raise
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from app.extensions import db
 from tests.dashboard.conftest import PASSWORD, new_email
 from tests.dashboard.test_browser import ask, create_key, key_row, sign_up

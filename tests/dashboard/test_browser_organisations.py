@@ -16,7 +16,7 @@ from decimal import Decimal
 import pytest
 
 from app.credits.accounts import find_account_or_raise
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from tests.alert_receiver import webhook_receiver
 from tests.dashboard.conftest import PASSWORD, new_email
 from tests.dashboard.test_browser import ask, create_key, sign_up

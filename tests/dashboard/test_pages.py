@@ -11,7 +11,7 @@ from app import create_app
 from app.accounts.keys import create_key
 from app.accounts.models import Person
 from app.auth.models import ApiKey
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from app.credits.models import Account, LedgerEntry
 from app.database import utcnow
 from app.extensions import db

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from app.credits.ledger import grant_credits
+from app.credits.grants import grant_credits
 from app.extensions import db
 from app.payments.events import apply_event
 from app.payments.models import PAID

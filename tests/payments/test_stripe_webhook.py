@@ -211,7 +211,7 @@ def test_refunds_take_back_credit_even_spent_and_debt_refuses_every_door(
     assert embeddings.json()["error"]["code"] == "account_in_debt"
     # Paid back, the account is served again.
     with app.app_context():
-        from app.credits.ledger import grant_credits
+        from app.credits.grants import grant_credits
 
         grant_credits(account_id=account_id, amount=spent + 1)
     assert _chat(payments_server, key).status_code == 200

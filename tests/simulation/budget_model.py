@@ -1,7 +1,7 @@
 """The simulator's own account of budgets: each key's and member's window and counters.
 
 It follows every hold, charge, release and budget change of a run by the rules the
-ledger documents (app.budgets, app.credits.ledger, app.accounts.budgets), worked out
+ledger documents (app.budgets, app.credits.holds, app.accounts.budgets), worked out
 here apart from their code: which window a moment falls in (a calendar day, week or
 month in UTC, or five hours from the first request after the last such window ended),
 what a hold reserves and notes, in which window a charge counts, and what a window that

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import bindparam, func, select, true, type_coerce
+from sqlalchemy import bindparam, func, select, true, type_coerce, update
 
 from app import budgets, sweeper
 from app.accounts import budgets as budget_admin
@@ -43,9 +43,14 @@ from app.catalog.pricing import (
 )
 from app.catalog.registry import Model
 from app.completions.bodies import chunk_bodies, completion_body
-from app.credits import ledger, statements
+from app.credits import balances, entries, expiry, grants, holds
+from app.credits import settlement as settling
+from app.credits.chain import GENESIS
+from app.credits.chain_audit import verify_chains
 from app.credits.errors import InsufficientCredits
-from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.models import CHARGE, OPEN, Account, Hold, LedgerEntry
+from app.credits.sql import guards
+from app.credits.sql import settlement as settlement_sql
 from app.database import Money
 from app.encoding import dumps
 from app.extensions import db
@@ -128,7 +133,11 @@ def install_clock(monkeypatch: pytest.MonkeyPatch, clock: SimulatedClock) -> Non
     before left on the process's board does not carry over.
     """
     for module in (
-        ledger,
+        balances,
+        entries,
+        expiry,
+        holds,
+        settling,
         generations,
         budget_admin,
         idempotency,
@@ -386,7 +395,7 @@ def open_account(email: str, credits: Decimal) -> int:
 
 def grant(account_id: int, amount: Decimal, *, idempotency_key: str | None) -> bool:
     """Grant ``amount``; return whether it was applied (not a repeat of its key)."""
-    _, applied = ledger.grant_credits(
+    _, applied = grants.grant_credits(
         account_id=account_id, amount=amount, idempotency_key=idempotency_key
     )
     return applied
@@ -1046,11 +1055,11 @@ _ACCOUNT_STATES = select(
     Account.balance,
     Account.reserved,
     type_coerce(_sum_of(LedgerEntry), Money()),
-    type_coerce(_sum_of(Hold, Hold.status == ledger.OPEN), Money()),
+    type_coerce(_sum_of(Hold, Hold.status == OPEN), Money()),
 ).where(Account.id.in_(_ACCOUNT_IDS))
 _OPEN_HOLDS = (
     select(Hold.id, Hold.account_id, Hold.amount, Hold.expires_at)
-    .where(Hold.account_id.in_(_ACCOUNT_IDS), Hold.status == ledger.OPEN)
+    .where(Hold.account_id.in_(_ACCOUNT_IDS), Hold.status == OPEN)
     .order_by(Hold.expires_at)
 )
 
@@ -1118,7 +1127,7 @@ def open_holds(account_ids: list[int]) -> list[OpenHold]:
 def hold_is_open(hold_id: str) -> bool:
     """Whether the hold is still open."""
     status = db.session.scalar(select(Hold.status).where(Hold.id == hold_id))
-    return status == ledger.OPEN
+    return status == OPEN
 
 
 @dataclass(frozen=True)
@@ -1145,7 +1154,7 @@ def settlement(generation_id: str) -> Settlement:
     ).all()
     charges = db.session.scalars(
         select(LedgerEntry.amount).where(
-            LedgerEntry.generation_id == generation_id, LedgerEntry.kind == ledger.CHARGE
+            LedgerEntry.generation_id == generation_id, LedgerEntry.kind == CHARGE
         )
     ).all()
     return Settlement(
@@ -1199,9 +1208,40 @@ def audit(account_ids: Iterable[int], generation_ids: Iterable[str]) -> Audit:
     )
 
 
+def chain_problems(account_ids: list[int], checked: dict[int, tuple[Any, ...]]) -> list[str]:
+    """Verify the accounts' hash chains as ``flask ledger verify`` does; say where each breaks.
+
+    ``checked`` keeps, of each account the last check found sound, its row's head and
+    balance and its last entry. An account found as it was left is not read again: its
+    entries cannot change (the database refuses it). Any other is verified, taken up
+    after its last entry found sound, so that a step costs the entries it wrote; while
+    every chain holds, ``checked`` is moved on.
+    """
+    last_entry = (
+        select(func.max(LedgerEntry.id))
+        .where(LedgerEntry.account_id == Account.id)
+        .scalar_subquery()
+    )
+    rows = db.session.execute(
+        select(Account.id, Account.ledger_head, Account.balance, last_entry).where(
+            Account.id.in_(account_ids)
+        )
+    ).all()
+    db.session.commit()
+    seen = {row[0]: tuple(row[1:]) for row in rows}
+    changed = [account for account in account_ids if checked.get(account) != seen.get(account)]
+    if not changed:
+        return []
+    after = {account: checked[account][-1] for account in changed if account in checked}
+    report = verify_chains(changed, after=after)
+    if not report.problems:
+        checked.update({account: seen[account] for account in changed})
+    return [f"chain of {problem}" for problem in report.problems]
+
+
 def plant_hold_without_balance_condition(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a hold is placed whatever the balance."""
-    monkeypatch.setattr(statements, "ACCOUNT_COVERS", true())
+    monkeypatch.setattr(guards, "ACCOUNT_COVERS", true())
 
 
 def plant_settlement_that_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1218,9 +1258,9 @@ def plant_settlement_that_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: settling charges the worst case, not the usage."""
-    settle = ledger.settle_hold
+    settle = settling.settle_hold
 
-    def settle_the_hold(hold: ledger.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
+    def settle_the_hold(hold: balances.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
         return settle(hold, cost=hold.amount if cost else cost, **kwargs)
 
     monkeypatch.setattr(generations, "settle_hold", settle_the_hold)
@@ -1228,9 +1268,11 @@ def plant_charge_of_the_whole_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: usage beyond the hold goes unpaid, whatever the balance."""
-    settle = ledger.settle_hold
+    settle = settling.settle_hold
 
-    def settle_within_the_hold(hold: ledger.HeldCredit, *, cost: Decimal, **kwargs: Any) -> Decimal:
+    def settle_within_the_hold(
+        hold: balances.HeldCredit, *, cost: Decimal, **kwargs: Any
+    ) -> Decimal:
         return settle(hold, cost=min(cost, hold.amount), **kwargs)
 
     monkeypatch.setattr(generations, "settle_hold", settle_within_the_hold)
@@ -1238,22 +1280,22 @@ def plant_charge_capped_at_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_hold_past_the_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a key's hold is placed whatever its budget."""
-    monkeypatch.setattr(statements, "KEY_WITHIN_LIMIT", true())
+    monkeypatch.setattr(guards, "KEY_WITHIN_LIMIT", true())
 
 
 def plant_hold_past_the_member_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a hold is placed whatever the budget of the key's member."""
-    monkeypatch.setattr(statements, "MEMBER_WITHIN_BUDGET", true())
+    monkeypatch.setattr(guards, "MEMBER_WITHIN_BUDGET", true())
 
 
 def plant_rollups_that_miss_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the ledger on purpose: a charge is totalled in its hour without its request."""
-    totals = ledger._rollup_parameters
+    totals = settling._rollup_parameters
 
     def without_the_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {**totals(*args, **kwargs), statements.ROLLUP_PREFIX + "requests": 0}
+        return {**totals(*args, **kwargs), settlement_sql.ROLLUP_PREFIX + "requests": 0}
 
-    monkeypatch.setattr(ledger, "_rollup_parameters", without_the_request)
+    monkeypatch.setattr(settling, "_rollup_parameters", without_the_request)
 
 
 def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1271,6 +1313,26 @@ def plant_claim_taken_over_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> Non
 def plant_progress_never_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the sweeper on purpose: what a stream delivered is never recorded."""
     monkeypatch.setattr(sweeper, "progress_of", lambda generation: None)
+
+
+def plant_grants_that_leave_the_head_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the ledger on purpose: a grant chains its entry, but the head stays where it was.
+
+    Only on an account with entries already: its first, opened with the account, is
+    chained as it should be.
+    """
+    append = grants.append_entry
+
+    def append_leaving_the_head(connection: Any, **kwargs: Any) -> bool:
+        account = Account.__table__.c
+        row = account.id == kwargs["account_id"]
+        head = connection.execute(select(account.ledger_head).where(row)).scalar_one()
+        chained = append(connection, **kwargs)
+        if head != GENESIS:
+            connection.execute(update(Account.__table__).where(row).values(ledger_head=head))
+        return chained
+
+    monkeypatch.setattr(grants, "append_entry", append_leaving_the_head)
 
 
 def plant_uncounted_block(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -255,6 +255,8 @@ class Simulation:
         self.stored: list[tuple[int, str, float]] = []
         # The response each stored one continued (None: it began its conversation).
         self.continued: dict[str, str | None] = {}
+        # Each account's head, balance and last ledger entry, as a step's check found them sound.
+        self.chains_checked: dict[int, tuple[Any, ...]] = {}
 
     def run(self) -> None:
         """Run the schedule, then drain it; raise SimulationFailure at the first violation."""
@@ -1450,13 +1452,14 @@ class Simulation:
     # Invariants.
 
     def check_invariants(self, *, audit: bool) -> None:
-        """Balances and holds after every step; the audit when ``audit``."""
+        """Balances, holds and hash chains after every step; the audit when ``audit``."""
         ids = [account.id for account in self.accounts]
         problems = list(self.balance_problems(driver.account_states(ids)))
         holds = driver.open_holds(ids)
         problems += self.hold_problems(holds)
         problems += self.budget_problems(holds)
         driver.end_reads()
+        problems += driver.chain_problems(ids, self.chains_checked)
         if audit and not problems:
             problems += self.audit_problems(ids)
         if problems:

@@ -157,3 +157,17 @@ def test_a_relayed_stream_billed_at_its_first_usage_is_caught(disposable_app, mo
         match=rf"(?s)seed {PLANTED_SEED}, step \d+.*native stream.*recorded tokens",
     ):
         simulation.run()
+
+
+def test_a_grant_that_leaves_the_chains_head_behind_is_caught_at_its_step(
+    disposable_app, monkeypatch
+):
+    driver.plant_grants_that_leave_the_head_behind(monkeypatch)
+    simulation = Simulation(disposable_app, monkeypatch, seed=PLANTED_SEED, steps=PLANTED_STEPS)
+    # The run stops at the grant itself: the chain is checked after every step.
+    with pytest.raises(
+        SimulationFailure,
+        match=rf"(?s)seed {PLANTED_SEED}, step (\d+) of .*chain of account \d+, its row: "
+        r"its head is not its last entry's digest.*\n\1: grant ",
+    ):
+        simulation.run()

@@ -8,8 +8,10 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from app import sweeper
-from app.credits import ledger
+from app.credits.expiry import expired_holds_with_progress, extend_holds
+from app.credits.holds import place_hold
 from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.settlement import settle_hold
 from app.database import utcnow
 from app.extensions import db
 from app.generations.audit import audit_ledger
@@ -36,10 +38,10 @@ def expiry(hold_id):
 def test_renewal_pushes_only_the_live_open_holds_forward(app):
     with app.app_context():
         account = AccountFactory.create(credits=Decimal("1"))
-        live = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
-        idle = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
-        settled = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
-        ledger.settle_hold(settled, cost=Decimal("0.01"), generation_id="g-sweeper-1")
+        live = place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+        idle = place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+        settled = place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+        settle_hold(settled, cost=Decimal("0.01"), generation_id="g-sweeper-1")
         before = {hold.id: expiry(hold.id) for hold in (live, idle, settled)}
     holds, request = LiveHolds(), Request()
     holds.track(live.id, request)
@@ -110,7 +112,7 @@ def test_a_stream_whose_worker_died_is_charged_its_last_recorded_progress(app, f
     live_holds.forget(hold_id)
     response.close()
     with app.app_context():
-        ledger.extend_holds([hold_id], ttl_seconds=-1)
+        extend_holds([hold_id], ttl_seconds=-1)
 
     assert sweep_expired_holds(app) >= 1
 
@@ -137,7 +139,7 @@ def test_a_stream_whose_worker_died_is_charged_its_last_recorded_progress(app, f
 def test_a_hold_without_progress_is_released_as_before(app):
     with app.app_context():
         account = AccountFactory.create(credits=Decimal("1"))
-        held = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=-1)
+        held = place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=-1)
 
     assert sweep_expired_holds(app) >= 1
 
@@ -156,8 +158,8 @@ def test_a_stream_settled_by_another_workers_sweeper_is_left_to_it(app, funded_k
     live_holds.forget(hold_id)
     response.close()
     with app.app_context():
-        ledger.extend_holds([hold_id], ttl_seconds=-1)
-        read_by_both = ledger.expired_holds_with_progress()
+        extend_holds([hold_id], ttl_seconds=-1)
+        read_by_both = expired_holds_with_progress()
     assert hold_id in {hold.id for hold, _ in read_by_both}
     sweep_expired_holds(app)
     # The other sweeper read the hold before this one settled it.

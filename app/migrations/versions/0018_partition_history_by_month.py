@@ -21,7 +21,7 @@ converted in place, its rows never copied:
 
 A partition's primary key must include the partition key: (id, created_at). A generation
 is still recorded once (the ledger looks for its record by id when its hold was not open,
-app.credits.ledger), and an Idempotency-Key claimed once (claims take an advisory lock,
+app.credits.settlement), and an Idempotency-Key claimed once (claims take an advisory lock,
 app.generations.idempotency). Lookups by id alone probe each month's index. The sweeper
 adds the coming months and drops the expired ones (app.database.partitions). SQLite is
 left as it is.

@@ -13,7 +13,9 @@ from app.accounts.errors import InvalidKeyLimits, KeyNotFound
 from app.accounts.keys import create_key, update_key_limits
 from app.auth.keys import find_caller
 from app.auth.models import ApiKey
-from app.credits.ledger import BudgetShortfall, Rollup, hour_of, place_hold, settle_hold
+from app.credits.balances import BudgetShortfall
+from app.credits.holds import place_hold
+from app.credits.settlement import Rollup, hour_of, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation

@@ -12,17 +12,17 @@ from app.alerts.endpoints import set_budget_alert_percent
 from app.alerts.events import event_text
 from app.alerts.models import AlertEvent
 from app.auth.models import ApiKey
-from app.credits import ledger
+from app.credits import holds, settlement
 from app.extensions import db
 from tests.factories import AccountFactory
 
 
 def spend(account_id: int, key_id: int, cost: str, name: str, hold: str | None = None) -> None:
     """Charge ``cost`` on the key through a hold (of ``cost`` unless given) and its settlement."""
-    held = ledger.place_hold(
+    held = holds.place_hold(
         account_id=account_id, amount=Decimal(hold or cost), ttl_seconds=60, key_id=key_id
     )
-    ledger.settle_hold(held, cost=Decimal(cost), generation_id=f"{name}-{key_id}")
+    settlement.settle_hold(held, cost=Decimal(cost), generation_id=f"{name}-{key_id}")
 
 
 def events(account_id: int) -> list[tuple[str, dict]]:

@@ -15,7 +15,7 @@ from app.alerts import delivery
 from app.alerts.delivery import deliver_alerts, deliver_due
 from app.alerts.endpoints import add_email, add_webhook, delivery_log, set_balance_threshold
 from app.alerts.models import DELIVERED, FAILED, AlertEvent
-from app.credits import ledger
+from app.credits import grants, holds, settlement
 from app.database import utcnow
 from app.extensions import db
 from tests.alert_receiver import trickling_receiver, webhook_receiver
@@ -25,8 +25,8 @@ from tests.factories import AccountFactory
 
 def spend(account_id: int, cost: str, name: str) -> None:
     """Charge ``cost`` through a hold and its settlement, as a request is charged."""
-    held = ledger.place_hold(account_id=account_id, amount=Decimal(cost), ttl_seconds=60)
-    ledger.settle_hold(held, cost=Decimal(cost), generation_id=f"{name}-{account_id}")
+    held = holds.place_hold(account_id=account_id, amount=Decimal(cost), ttl_seconds=60)
+    settlement.settle_hold(held, cost=Decimal(cost), generation_id=f"{name}-{account_id}")
 
 
 def events_of(account_id: int) -> list[AlertEvent]:
@@ -43,10 +43,10 @@ def test_one_event_per_crossing_and_a_grant_rearms(app_context):
     spend(account.id, "1", "below")
     [event] = events_of(account.id)
     assert event.type == "balance.below_threshold"
-    ledger.grant_credits(account_id=account.id, amount=Decimal("0.5"))
+    grants.grant_credits(account_id=account.id, amount=Decimal("0.5"))
     spend(account.id, "0.2", "still-below")
     assert len(events_of(account.id)) == 1
-    ledger.grant_credits(account_id=account.id, amount=Decimal("10"))
+    grants.grant_credits(account_id=account.id, amount=Decimal("10"))
     spend(account.id, "9", "again")
     assert len(events_of(account.id)) == 2
 

@@ -13,7 +13,7 @@ from app import create_app
 from app.accounts.models import Membership
 from app.auth.models import ApiKey
 from app.budgets import unix_micros
-from app.credits.ledger import month_start
+from app.credits.balances import month_start
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation

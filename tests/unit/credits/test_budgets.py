@@ -18,8 +18,10 @@ from app.accounts.keys import create_key
 from app.accounts.models import MEMBER, Membership, Person
 from app.auth.models import ApiKey
 from app.budgets import unix_micros
-from app.credits import ledger, statements
+from app.credits import balances, entries, expiry, holds, settlement
 from app.credits.models import Hold
+from app.credits.sql import guards
+from app.credits.sql import holds as hold_sql
 from app.extensions import db
 from app.generations.audit import audit_ledger
 from tests.factories import AccountFactory
@@ -43,13 +45,13 @@ def forgotten_keys(monkeypatch):
     PostgreSQL's in one run) may have had a budget on a key of the same id: the hold
     would then take the budgeted shape, and lock or write rows this test says it does not.
     """
-    monkeypatch.setattr(ledger, "_keys_reserved_on", ledger._KeysReservedOn())
+    monkeypatch.setattr(holds, "_keys_reserved_on", holds._KeysReservedOn())
 
 
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock(datetime(2026, 3, 4, 12, 0, tzinfo=UTC))
-    for module in (ledger, budgets):
+    for module in (balances, entries, expiry, holds, settlement, budgets):
         monkeypatch.setattr(module, "utcnow", clock)
     return clock
 
@@ -66,7 +68,7 @@ def add_member(account_id: int, email: str) -> int:
 
 def hold(account, key_id, amount: str, hold_id: str | None = None):
     # A generation's hold takes the generation's id, by which the audit finds its charge.
-    return ledger.place_hold(
+    return holds.place_hold(
         account_id=account.id,
         amount=Decimal(amount),
         ttl_seconds=3600,
@@ -78,8 +80,8 @@ def hold(account, key_id, amount: str, hold_id: str | None = None):
 def spend(account, key_id, amount: str, name: str) -> None:
     name = unique(name)
     held = hold(account, key_id, amount, hold_id=name)
-    assert isinstance(held, ledger.HeldCredit), held
-    ledger.settle_hold(held, cost=Decimal(amount), generation_id=name)
+    assert isinstance(held, balances.HeldCredit), held
+    settlement.settle_hold(held, cost=Decimal(amount), generation_id=name)
 
 
 def unique(name: str) -> str:
@@ -119,10 +121,10 @@ def test_a_calendar_window_starts_from_zero_exactly_at_its_boundary(
     clock.now = before
     spend(account, key_id, "0.4", "g-last")
     refused = hold(account, key_id, "0.000001")
-    assert isinstance(refused, ledger.BudgetShortfall) and refused.holder == ledger.KEY_BUDGET
+    assert isinstance(refused, balances.BudgetShortfall) and refused.holder == balances.KEY_BUDGET
     assert refused.window == window and refused.available == 0
     clock.now = boundary
-    assert isinstance(hold(account, key_id, "1"), ledger.HeldCredit)
+    assert isinstance(hold(account, key_id, "1"), balances.HeldCredit)
     assert counters(key_id) == (0, Decimal("1"), unix_micros(boundary))
     assert_audit_clean(account.id)
 
@@ -135,14 +137,14 @@ def test_a_five_hour_window_starts_with_the_first_request_after_the_last_ended(a
     clock.now = first
     spend(account, key_id, "1", "g-first")
     clock.now = first + timedelta(hours=5) - timedelta(microseconds=1)
-    assert isinstance(hold(account, key_id, "0.01"), ledger.BudgetShortfall)
+    assert isinstance(hold(account, key_id, "0.01"), balances.BudgetShortfall)
     # Nothing is asked at the end: the next window starts with the next request.
     later = first + timedelta(hours=7, minutes=3)
     clock.now = later
     spend(account, key_id, "1", "g-later")
     assert counters(key_id) == (Decimal("1"), 0, unix_micros(later))
     clock.now = later + timedelta(hours=4, minutes=59)
-    assert isinstance(hold(account, key_id, "0.01"), ledger.BudgetShortfall)
+    assert isinstance(hold(account, key_id, "0.01"), balances.BudgetShortfall)
     assert_audit_clean(account.id)
 
 
@@ -156,10 +158,10 @@ def test_a_request_in_flight_across_the_boundary_counts_in_the_window_it_was_hel
     crossing = hold(account, key_id, "0.5", hold_id=unique("g-crossing"))
     clock.now = datetime(2026, 3, 5, 0, 1, tzinfo=UTC)
     spend(account, key_id, "0.3", "g-new-day")
-    ledger.settle_hold(crossing, cost=Decimal("0.4"), generation_id=crossing.id)
+    settlement.settle_hold(crossing, cost=Decimal("0.4"), generation_id=crossing.id)
     # The new day counts only its own request; the crossing one was the old day's.
     assert counters(key_id)[:2] == (Decimal("0.3"), 0)
-    assert isinstance(hold(account, key_id, "0.7"), ledger.HeldCredit)
+    assert isinstance(hold(account, key_id, "0.7"), balances.HeldCredit)
     assert_audit_clean(account.id)
 
 
@@ -172,12 +174,12 @@ def test_a_members_budget_counts_all_their_keys_and_names_itself(app_context, cl
     set_key_budget(second, amount=Decimal("5"), window="day")
     spend(account, first, "0.6", "g-one")
     refused = hold(account, second, "0.5")
-    assert refused == ledger.BudgetShortfall(
+    assert refused == balances.BudgetShortfall(
         requested=Decimal("0.5"),
         available=Decimal("0.4"),
         budget=Decimal("1"),
         window="week",
-        holder=ledger.MEMBER_BUDGET,
+        holder=balances.MEMBER_BUDGET,
     )
     spend(account, second, "0.4", "g-two")
     db.session.expire_all()
@@ -192,7 +194,7 @@ def test_a_charge_beyond_its_hold_stops_at_the_members_budget(app_context, clock
     key_id = create_key(account_id=account.id, name="k", member_id=member_id).id
     set_member_budget(member_id, amount=Decimal("1"), window="month")
     held = hold(account, key_id, "0.5", hold_id=unique("g-over"))
-    charged = ledger.settle_hold(held, cost=Decimal("3"), generation_id=held.id)
+    charged = settlement.settle_hold(held, cost=Decimal("3"), generation_id=held.id)
     assert charged == Decimal("1")
     assert_audit_clean(account.id)
 
@@ -268,8 +270,12 @@ class RowWrites:
         self.updated: set[str] = set()
         self.locked: set[str] = set()
         if not self.postgresql:
-            for name in ("execute_on_driver", "fetch_on_driver"):
-                monkeypatch.setattr(ledger, name, self._noting(getattr(ledger, name)))
+            for module, name in (
+                (holds, "execute_on_driver"),
+                (holds, "fetch_on_driver"),
+                (settlement, "execute_on_driver"),
+            ):
+                monkeypatch.setattr(module, name, self._noting(getattr(module, name)))
         self.versions = self._versions()
 
     def _noting(self, run):
@@ -336,12 +342,12 @@ def test_a_hold_neither_writes_nor_locks_a_key_and_member_without_budgets(
 
     held = hold(account, key_id, "0.5", hold_id=unique("g-unwritten"))
 
-    assert isinstance(held, ledger.HeldCredit)
+    assert isinstance(held, balances.HeldCredit)
     assert writes.since_last() == set()
     assert writes.locked == set()
     assert reservations(held.id) == (False, False)
     assert counters(key_id)[:2] == (0, 0)
-    ledger.settle_hold(held, cost=Decimal("0.2"), generation_id=held.id)
+    settlement.settle_hold(held, cost=Decimal("0.2"), generation_id=held.id)
     # The settlement writes each row once: the charge counted in its window, the key's use.
     assert writes.since_last() == {"api_keys", "memberships"}
     assert counters(key_id) == (Decimal("0.2"), 0, unix_micros(datetime(2026, 3, 1, tzinfo=UTC)))
@@ -360,12 +366,12 @@ def test_a_hold_reserves_on_the_budgeted_row_alone(app_context, clock, monkeypat
 
     assert writes.since_last() == {"api_keys"}
     # PostgreSQL's hold locks the member's row with the key's (a read of it apart cost
-    # more than the lock, statements.hold_in_one_statement), and writes it not.
+    # more than the lock, hold_sql.hold_in_one_statement), and writes it not.
     assert writes.locked == ({"memberships"} if writes.postgresql else set())
     assert reservations(held.id) == (True, False)
     assert counters(key_id)[1] == Decimal("0.5")
     assert member_counters(member_of(key_id)) == (0, 0)
-    ledger.settle_hold(held, cost=Decimal("0.3"), generation_id=held.id)
+    settlement.settle_hold(held, cost=Decimal("0.3"), generation_id=held.id)
     assert counters(key_id)[:2] == (Decimal("0.3"), 0)
     assert member_counters(member_of(key_id)) == (Decimal("0.3"), 0)
     assert_audit_clean(account.id)
@@ -391,9 +397,9 @@ def test_a_budget_set_takes_over_the_holds_already_running(app_context, clock, o
     assert reserved == Decimal("0.7")
     # New requests leave room for the running ones: 0.3 is left, not 1.
     refused = hold(account, key_id, "0.4")
-    assert isinstance(refused, ledger.BudgetShortfall) and refused.available == Decimal("0.3")
-    ledger.settle_hold(first, cost=Decimal("0.1"), generation_id=first.id)
-    ledger.settle_hold(second, cost=Decimal("0.2"), generation_id=second.id)
+    assert isinstance(refused, balances.BudgetShortfall) and refused.available == Decimal("0.3")
+    settlement.settle_hold(first, cost=Decimal("0.1"), generation_id=first.id)
+    settlement.settle_hold(second, cost=Decimal("0.2"), generation_id=second.id)
     assert counters(key_id)[:2] == (Decimal("0.3"), 0)
     assert member_counters(member_id) == (Decimal("0.3"), 0)
     assert_audit_clean(account.id)
@@ -406,7 +412,7 @@ def test_a_budget_removed_leaves_its_holds_to_release_what_they_reserved(app_con
     set_key_budget(key_id, amount=Decimal("1"), window="week")
     set_member_budget(member_id, amount=Decimal("2"), window="week")
     settled = hold(account, key_id, "0.4", hold_id=unique("g-reserved-settled"))
-    expiring = ledger.place_hold(
+    expiring = holds.place_hold(
         account_id=account.id, amount=Decimal("0.2"), ttl_seconds=1, key_id=key_id
     )
 
@@ -417,10 +423,10 @@ def test_a_budget_removed_leaves_its_holds_to_release_what_they_reserved(app_con
     assert reservations(settled.id) == reservations(expiring.id) == (True, True)
     assert reservations(unreserved.id) == (False, False)
     assert counters(key_id)[1] == member_counters(member_id)[1] == Decimal("0.6")
-    ledger.settle_hold(settled, cost=Decimal("0.4"), generation_id=settled.id)
-    ledger.settle_hold(unreserved, cost=Decimal("0.1"), generation_id=unreserved.id)
+    settlement.settle_hold(settled, cost=Decimal("0.4"), generation_id=settled.id)
+    settlement.settle_hold(unreserved, cost=Decimal("0.1"), generation_id=unreserved.id)
     clock.now += timedelta(seconds=2)
-    assert ledger.release_expired_holds(account_id=account.id) == 1
+    assert expiry.release_expired_holds(account_id=account.id) == 1
     assert counters(key_id)[:2] == (Decimal("0.5"), 0)
     assert member_counters(member_id) == (Decimal("0.5"), 0)
     assert_audit_clean(account.id)
@@ -430,14 +436,14 @@ def test_an_expired_hold_releases_nothing_from_rows_it_did_not_reserve_on(app_co
     account = AccountFactory.create(credits=Decimal("10"))
     key_id = create_key(account_id=account.id, name="expiring").id
     set_key_budget(key_id, amount=Decimal("5"), window="day")
-    on_key = ledger.place_hold(
+    on_key = holds.place_hold(
         account_id=account.id, amount=Decimal("0.2"), ttl_seconds=1, key_id=key_id
     )
     # Reserved on the key alone: the member's row would go below zero if it released it.
     assert reservations(on_key.id) == (True, False)
     clock.now += timedelta(seconds=2)
 
-    assert ledger.release_expired_holds(account_id=account.id) == 1
+    assert expiry.release_expired_holds(account_id=account.id) == 1
 
     assert counters(key_id)[:2] == (0, 0)
     assert member_counters(member_of(key_id)) == (0, 0)
@@ -451,14 +457,14 @@ def test_a_row_without_budget_counts_the_window_its_charges_were_held_in(app_con
     spend(account, key_id, "0.6", "g-march")
     crossing = hold(account, key_id, "0.2", hold_id=unique("g-crossing-month"))
     clock.now = datetime(2026, 4, 2, tzinfo=UTC)
-    ledger.settle_hold(crossing, cost=Decimal("0.2"), generation_id=crossing.id)
+    settlement.settle_hold(crossing, cost=Decimal("0.2"), generation_id=crossing.id)
     # April began: its spend starts at zero, and March's hold counts no more.
     assert counters(key_id) == (0, 0, unix_micros(datetime(2026, 4, 1, tzinfo=UTC)))
     spend(account, key_id, "0.1", "g-april")
     set_key_budget(key_id, amount=Decimal("0.5"), window="month")
     assert counters(key_id)[0] == Decimal("0.1")
     refused = hold(account, key_id, "0.41")
-    assert isinstance(refused, ledger.BudgetShortfall) and refused.available == Decimal("0.4")
+    assert isinstance(refused, balances.BudgetShortfall) and refused.available == Decimal("0.4")
     assert_audit_clean(account.id)
 
 
@@ -472,7 +478,7 @@ def test_the_audit_finds_a_reservation_its_hold_did_not_make(app_context, clock)
     assert problems == [f"key {key_id}: reserved $0 but its open holds sum to $0.25"]
     db.session.execute(update(Hold).where(Hold.id == held.id).values(reserved_on_key=False))
     db.session.commit()
-    ledger.settle_hold(held, cost=Decimal("0"), generation_id=held.id)
+    settlement.settle_hold(held, cost=Decimal("0"), generation_id=held.id)
     assert_audit_clean(account.id)
 
 
@@ -481,10 +487,10 @@ def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock
     key_id = create_key(account_id=account.id, name="shapes").id
     # PostgreSQL's hold is one statement, SQLite's steps end with the hold's INSERT.
     without = (
-        statements.hold_without_reservations(statements.ACCOUNT_COVERS),
-        statements.INSERT_HOLD_RESERVING_NOTHING,
+        hold_sql.hold_without_reservations(guards.ACCOUNT_COVERS),
+        hold_sql.INSERT_HOLD_RESERVING_NOTHING,
     )
-    reserving = (statements.INSERT_HOLD,)
+    reserving = (hold_sql.INSERT_HOLD,)
     sent = []
 
     def noting(run, sent_alone: bool):
@@ -498,8 +504,8 @@ def test_a_hold_reserves_nothing_in_the_statement_that_cannot(app_context, clock
 
         return run_noted
 
-    monkeypatch.setattr(ledger, "execute_alone", noting(ledger.execute_alone, True))
-    monkeypatch.setattr(ledger, "execute_on_driver", noting(ledger.execute_on_driver, False))
+    monkeypatch.setattr(holds, "execute_alone", noting(holds.execute_alone, True))
+    monkeypatch.setattr(holds, "execute_on_driver", noting(holds.execute_on_driver, False))
 
     def shapes_of_a_hold() -> list[str]:
         sent.clear()

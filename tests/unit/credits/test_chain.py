@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import select, text
 
 from app.cli import register
-from app.credits import ledger
+from app.credits import grants, holds, settlement
 from app.credits.chain import GENESIS, ChainedFields
 from app.credits.chain_audit import fields_of, verify_chains
 from app.credits.models import Account, LedgerEntry
-from app.database import sha256_hex, write_transaction
+from app.database import sha256_hex, utcnow, write_transaction
 from app.extensions import db
 from tests.factories import AccountFactory
 
@@ -28,15 +28,15 @@ def entries_of(account_id):
 
 
 def settle(account_id, cost, hold_amount, generation_id):
-    held = ledger.place_hold(account_id=account_id, amount=hold_amount, ttl_seconds=60)
-    return ledger.settle_hold(held, cost=cost, generation_id=generation_id)
+    held = holds.place_hold(account_id=account_id, amount=hold_amount, ttl_seconds=60)
+    return settlement.settle_hold(held, cost=cost, generation_id=generation_id)
 
 
 def every_kind_of_entry(account_id):
     """Write an entry by each path: grants, a payment's grant and take-back, charges."""
-    ledger.grant_credits(account_id=account_id, amount=Decimal("5"), idempotency_key="a|b")
+    grants.grant_credits(account_id=account_id, amount=Decimal("5"), idempotency_key="a|b")
     write_transaction(
-        lambda connection: ledger.grant_within(
+        lambda connection: grants.grant_within(
             connection,
             account_id=account_id,
             amount=Decimal("2"),
@@ -45,7 +45,7 @@ def every_kind_of_entry(account_id):
         )
     )
     write_transaction(
-        lambda connection: ledger.take_back_within(
+        lambda connection: grants.take_back_within(
             connection,
             account_id=account_id,
             amount=Decimal("1"),
@@ -68,7 +68,7 @@ def test_sql_and_python_compute_the_same_digest(app_context):
         balance_after=Decimal("2"),
         generation_id=None,
         reference="é|1",
-        created_at=ledger.utcnow(),
+        created_at=utcnow(),
         previous_hash=GENESIS,
     )
     assert db.session.scalar(select(sha256_hex(fields.text()))) == fields.digest()

@@ -12,7 +12,7 @@ from flask_migrate import upgrade
 from sqlalchemy import column, insert, table
 
 from app import create_app
-from app.credits import ledger
+from app.credits import grants
 from app.credits.chain_audit import verify_chains
 from app.credits.models import Account, LedgerEntry
 from app.database import utcnow
@@ -94,5 +94,5 @@ def test_the_entries_already_there_are_chained_in_order(previous_release):
     assert db.session.get(Account, 2).ledger_head == entries[-1].entry_hash
     db.session.commit()
     # The app's next entry goes on from the head the migration left.
-    ledger.grant_credits(account_id=2, amount=Decimal("1"))
+    grants.grant_credits(account_id=2, amount=Decimal("1"))
     assert verify_chains().problems == []

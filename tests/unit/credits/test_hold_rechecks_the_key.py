@@ -13,14 +13,14 @@ import pytest
 from app.accounts.keys import delete_key, revoke_key, rotate_key
 from app.auth.errors import InvalidKey, KeyRevoked
 from app.auth.keys import digest_key
-from app.credits import ledger
+from app.credits import balances, holds
 from app.credits.models import Account, Hold
 from app.extensions import db
 from tests.factories import AccountFactory
 
 
 def hold_for(account, issued, *, digest: str | None):
-    return ledger.place_hold(
+    return holds.place_hold(
         account_id=account.id,
         amount=Decimal("0.5"),
         ttl_seconds=60,
@@ -40,7 +40,7 @@ def test_the_key_as_presented_is_held_on(app_context):
 
     held = hold_for(account, issued, digest=digest_key(issued.value))
 
-    assert isinstance(held, ledger.HeldCredit) and held.key_id == issued.id
+    assert isinstance(held, balances.HeldCredit) and held.key_id == issued.id
 
 
 @pytest.mark.parametrize(

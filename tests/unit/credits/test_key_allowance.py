@@ -12,7 +12,7 @@ from app.accounts.keys import create_key
 from app.auth.errors import InvalidKey
 from app.auth.models import ApiKey
 from app.budgets import unix_micros
-from app.credits import ledger
+from app.credits import balances, holds, settlement
 from app.credits.models import Account, Hold
 from app.database import utcnow
 from app.extensions import db
@@ -32,7 +32,7 @@ def key_counters(key_id: int) -> tuple:
 
 
 def hold(account, key_id, amount: str):
-    return ledger.place_hold(
+    return holds.place_hold(
         account_id=account.id, amount=Decimal(amount), ttl_seconds=60, key_id=key_id
     )
 
@@ -40,51 +40,53 @@ def hold(account, key_id, amount: str):
 def test_holds_reserve_on_the_key_up_to_its_limit(app_context):
     account, key_id = limited_key("1.00")
     first = hold(account, key_id, "0.6")
-    assert isinstance(first, ledger.HeldCredit) and first.key_id == key_id
+    assert isinstance(first, balances.HeldCredit) and first.key_id == key_id
     refused = hold(account, key_id, "0.5")
-    assert refused == ledger.BudgetShortfall(
+    assert refused == balances.BudgetShortfall(
         requested=Decimal("0.5"),
         available=Decimal("0.4"),
         budget=Decimal("1"),
         window="month",
-        holder=ledger.KEY_BUDGET,
+        holder=balances.KEY_BUDGET,
     )
     assert key_counters(key_id) == (0, Decimal("0.6"))
     db.session.expire_all()
     assert db.session.get(Account, account.id).reserved == Decimal("0.6")
-    assert isinstance(hold(account, key_id, "0.4"), ledger.HeldCredit)
+    assert isinstance(hold(account, key_id, "0.4"), balances.HeldCredit)
 
 
 def test_settlement_moves_the_reservation_to_the_months_spend(app_context):
     account, key_id = limited_key("1.00")
     held = hold(account, key_id, "0.6")
-    charged = ledger.settle_hold(held, cost=Decimal("0.25"), generation_id="g-allowance-1")
+    charged = settlement.settle_hold(held, cost=Decimal("0.25"), generation_id="g-allowance-1")
     assert charged == Decimal("0.25")
     assert key_counters(key_id) == (Decimal("0.25"), 0)
-    assert isinstance(hold(account, key_id, "0.75"), ledger.HeldCredit)
-    assert isinstance(hold(account, key_id, "0.000001"), ledger.BudgetShortfall)
+    assert isinstance(hold(account, key_id, "0.75"), balances.HeldCredit)
+    assert isinstance(hold(account, key_id, "0.000001"), balances.BudgetShortfall)
 
 
 def test_a_zero_limit_refuses_any_cost(app_context):
     account, key_id = limited_key("0")
-    assert isinstance(hold(account, key_id, "0.0000000001"), ledger.BudgetShortfall)
+    assert isinstance(hold(account, key_id, "0.0000000001"), balances.BudgetShortfall)
     assert key_counters(key_id) == (0, 0)
 
 
 def test_a_new_month_starts_from_zero_spend(app_context):
     account, key_id = limited_key("1.00")
-    ledger.settle_hold(hold(account, key_id, "1"), cost=Decimal("1"), generation_id="g-month-1")
-    assert isinstance(hold(account, key_id, "0.1"), ledger.BudgetShortfall)
-    last_month = unix_micros(ledger.month_start(ledger.month_start(utcnow()) - timedelta(days=1)))
+    settlement.settle_hold(hold(account, key_id, "1"), cost=Decimal("1"), generation_id="g-month-1")
+    assert isinstance(hold(account, key_id, "0.1"), balances.BudgetShortfall)
+    last_month = unix_micros(
+        balances.month_start(balances.month_start(utcnow()) - timedelta(days=1))
+    )
     db.session.execute(update(ApiKey).where(ApiKey.id == key_id).values(window_start=last_month))
     db.session.commit()
-    assert isinstance(hold(account, key_id, "1"), ledger.HeldCredit)
+    assert isinstance(hold(account, key_id, "1"), balances.HeldCredit)
     assert key_counters(key_id) == (0, Decimal("1"))
 
 
 def test_the_balance_still_refuses_before_the_key(app_context):
     account, key_id = limited_key("50", credits="1")
-    assert isinstance(hold(account, key_id, "2"), ledger.Shortfall)
+    assert isinstance(hold(account, key_id, "2"), balances.Shortfall)
     assert key_counters(key_id) == (0, 0)
 
 
@@ -95,15 +97,15 @@ def test_an_expired_hold_gives_the_key_its_reservation_back(app_context):
         update(Hold).where(Hold.id == held.id).values(expires_at=utcnow() - timedelta(seconds=1))
     )
     db.session.commit()
-    assert isinstance(hold(account, key_id, "0.9"), ledger.HeldCredit)
+    assert isinstance(hold(account, key_id, "0.9"), balances.HeldCredit)
     assert key_counters(key_id) == (0, Decimal("0.9"))
 
 
 def test_a_hold_without_a_key_leaves_keys_alone(app_context):
     account, key_id = limited_key("1.00")
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("5"), ttl_seconds=60)
+    held = holds.place_hold(account_id=account.id, amount=Decimal("5"), ttl_seconds=60)
     assert held.key_id is None
-    ledger.settle_hold(held, cost=Decimal("2"), generation_id="g-no-key-1")
+    settlement.settle_hold(held, cost=Decimal("2"), generation_id="g-no-key-1")
     assert key_counters(key_id) == (0, 0)
 
 

@@ -11,9 +11,9 @@ from sqlalchemy.exc import DatabaseError, IntegrityError
 from app.accounts.keys import create_key
 from app.auth.models import ApiKey
 from app.budgets import window_parameters
-from app.credits import ledger
+from app.credits import balances, expiry, grants, holds, settlement
 from app.credits.errors import IdempotencyConflict
-from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.models import EXPIRED, OPEN, Account, Hold, LedgerEntry
 from app.database import fetch_on_driver, utcnow, write_transaction
 from app.extensions import db
 from tests.factories import AccountFactory
@@ -32,24 +32,24 @@ def state(account_id):
 
 def test_grants_with_the_same_key_apply_once(app_context):
     account = AccountFactory.create()
-    first, applied = ledger.grant_credits(
+    first, applied = grants.grant_credits(
         account_id=account.id, amount=Decimal("1.25"), idempotency_key="g-1"
     )
-    again, reapplied = ledger.grant_credits(
+    again, reapplied = grants.grant_credits(
         account_id=account.id, amount=Decimal("1.25"), idempotency_key="g-1"
     )
     assert applied and not reapplied and first.id == again.id
     assert state(account.id) == (Decimal("1.25"), 0, Decimal("1.25"))
     with pytest.raises(IdempotencyConflict):
-        ledger.grant_credits(account_id=account.id, amount=Decimal("2"), idempotency_key="g-1")
+        grants.grant_credits(account_id=account.id, amount=Decimal("2"), idempotency_key="g-1")
 
 
 def test_a_hold_never_exceeds_the_available_balance(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.6"), ttl_seconds=60)
-    assert isinstance(held, ledger.HeldCredit)
-    refused = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
-    assert refused == ledger.Shortfall(
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.6"), ttl_seconds=60)
+    assert isinstance(held, balances.HeldCredit)
+    refused = holds.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
+    assert refused == balances.Shortfall(
         requested=Decimal("0.5"), available=Decimal("0.4"), balance=Decimal("1")
     )
     assert not refused.in_debt
@@ -59,7 +59,7 @@ def test_a_hold_never_exceeds_the_available_balance(app_context):
 def test_credit_taken_back_below_zero_refuses_every_hold_until_paid_back(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
     write_transaction(
-        lambda connection: ledger.take_back_within(
+        lambda connection: grants.take_back_within(
             connection,
             account_id=account.id,
             amount=Decimal("3"),
@@ -68,18 +68,18 @@ def test_credit_taken_back_below_zero_refuses_every_hold_until_paid_back(app_con
         )
     )
     assert state(account.id) == (Decimal("-2"), 0, Decimal("-2"))
-    refused = ledger.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
-    assert isinstance(refused, ledger.Shortfall) and refused.in_debt
+    refused = holds.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
+    assert isinstance(refused, balances.Shortfall) and refused.in_debt
     assert refused.balance == Decimal("-2")
-    ledger.grant_credits(account_id=account.id, amount=Decimal("2"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
-    assert isinstance(held, ledger.HeldCredit)
+    grants.grant_credits(account_id=account.id, amount=Decimal("2"))
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
+    assert isinstance(held, balances.HeldCredit)
 
 
 def test_settling_charges_the_cost_and_frees_the_hold(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
-    charged = ledger.settle_hold(held, cost=Decimal("0.1234567891"), generation_id="gen-a")
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
+    charged = settlement.settle_hold(held, cost=Decimal("0.1234567891"), generation_id="gen-a")
     assert charged == Decimal("0.1234567891")
     assert state(account.id) == (Decimal("0.8765432109"), 0, Decimal("0.8765432109"))
     entry = db.session.scalar(select(LedgerEntry).where(LedgerEntry.generation_id == "gen-a"))
@@ -93,14 +93,16 @@ def test_settling_charges_the_cost_and_frees_the_hold(app_context):
 
 def test_a_charge_beyond_its_hold_is_paid_from_the_free_balance_not_capped(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
-    assert ledger.settle_hold(held, cost=Decimal("0.3"), generation_id="gen-b") == Decimal("0.3")
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    assert settlement.settle_hold(held, cost=Decimal("0.3"), generation_id="gen-b") == Decimal(
+        "0.3"
+    )
 
 
 def test_nothing_produced_is_not_charged(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
-    assert ledger.settle_hold(held, cost=Decimal(0), generation_id="gen-c") == 0
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    assert settlement.settle_hold(held, cost=Decimal(0), generation_id="gen-c") == 0
     assert state(account.id) == (Decimal("1"), 0, Decimal("1"))
     assert (
         db.session.scalar(select(LedgerEntry).where(LedgerEntry.generation_id == "gen-c")) is None
@@ -109,10 +111,10 @@ def test_nothing_produced_is_not_charged(app_context):
 
 def test_a_generation_is_charged_once_even_if_settled_twice(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
-    ledger.settle_hold(held, cost=Decimal("0.1"), generation_id="gen-d")
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    settlement.settle_hold(held, cost=Decimal("0.1"), generation_id="gen-d")
     with pytest.raises(IntegrityError):
-        ledger.settle_hold(held, cost=Decimal("0.1"), generation_id="gen-d")
+        settlement.settle_hold(held, cost=Decimal("0.1"), generation_id="gen-d")
     db.session.rollback()
     assert state(account.id) == (Decimal("0.9"), 0, Decimal("0.9"))
 
@@ -124,30 +126,30 @@ def expire_now(hold_id):
 
 def test_expired_holds_are_released_once(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.7"), ttl_seconds=60)
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.7"), ttl_seconds=60)
     expire_now(held.id)
-    assert ledger.release_expired_holds(account_id=account.id) == 1
-    assert ledger.release_expired_holds(account_id=account.id) == 0
+    assert expiry.release_expired_holds(account_id=account.id) == 1
+    assert expiry.release_expired_holds(account_id=account.id) == 0
     assert state(account.id) == (Decimal("1"), 0, Decimal("1"))
-    assert db.session.get(Hold, held.id).status == ledger.EXPIRED
+    assert db.session.get(Hold, held.id).status == EXPIRED
 
 
 def test_an_expired_hold_in_the_way_is_released_to_place_a_new_one(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    stale = ledger.place_hold(account_id=account.id, amount=Decimal("0.9"), ttl_seconds=60)
+    stale = holds.place_hold(account_id=account.id, amount=Decimal("0.9"), ttl_seconds=60)
     expire_now(stale.id)
-    fresh = ledger.place_hold(account_id=account.id, amount=Decimal("0.9"), ttl_seconds=60)
-    assert isinstance(fresh, ledger.HeldCredit)
+    fresh = holds.place_hold(account_id=account.id, amount=Decimal("0.9"), ttl_seconds=60)
+    assert isinstance(fresh, balances.HeldCredit)
 
 
 def test_a_late_settlement_after_expiry_charges_only_what_is_available(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.5"), ttl_seconds=60)
     expire_now(held.id)
-    ledger.release_expired_holds(account_id=account.id)
-    other = ledger.place_hold(account_id=account.id, amount=Decimal("0.8"), ttl_seconds=60)
-    assert isinstance(other, ledger.HeldCredit)
-    charged = ledger.settle_hold(held, cost=Decimal("0.4"), generation_id="gen-e")
+    expiry.release_expired_holds(account_id=account.id)
+    other = holds.place_hold(account_id=account.id, amount=Decimal("0.8"), ttl_seconds=60)
+    assert isinstance(other, balances.HeldCredit)
+    charged = settlement.settle_hold(held, cost=Decimal("0.4"), generation_id="gen-e")
     assert charged == Decimal("0.2")
     balance, reserved, total = state(account.id)
     assert (balance, reserved, total) == (Decimal("0.8"), Decimal("0.8"), Decimal("0.8"))
@@ -155,18 +157,18 @@ def test_a_late_settlement_after_expiry_charges_only_what_is_available(app_conte
 
 def test_an_open_hold_can_be_extended(app_context):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=1)
     before = db.session.get(Hold, held.id).expires_at
-    ledger.extend_holds([held.id], ttl_seconds=600)
+    expiry.extend_holds([held.id], ttl_seconds=600)
     db.session.expire_all()
     assert (db.session.get(Hold, held.id).expires_at - before).total_seconds() > 500
 
 
 def test_credit_summary(app_context):
     account = AccountFactory.create(credits=Decimal("3"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("1"), ttl_seconds=60)
-    ledger.settle_hold(held, cost=Decimal("0.25"), generation_id="gen-f")
-    assert ledger.credit_summary(account.id) == ledger.CreditSummary(
+    held = holds.place_hold(account_id=account.id, amount=Decimal("1"), ttl_seconds=60)
+    settlement.settle_hold(held, cost=Decimal("0.25"), generation_id="gen-f")
+    assert balances.credit_summary(account.id) == balances.CreditSummary(
         granted=Decimal("3"), used=Decimal("0.25"), balance=Decimal("2.75")
     )
 
@@ -199,11 +201,11 @@ def test_a_hold_commits_without_waiting_for_the_disk_and_only_itself(app_context
         "account_id": account.id,
         "amount": Decimal("0.5"),
         "api_key_id": None,
-        "status": ledger.OPEN,
+        "status": OPEN,
         "created_at": now,
         "expires_at": now,
     }
-    statement, parameters = ledger.hold_statement(hold, window_parameters(now))
+    statement, parameters = holds.hold_statement(hold, window_parameters(now))
     with db.engine.connect() as connection:
         with connection.begin():
             assert fetch_on_driver(connection, statement, parameters)[0][0] == 1
@@ -217,10 +219,10 @@ def test_every_settlement_records_its_keys_use(app_context):
     key_id = create_key(account_id=account.id, name="used").id
     used = []
     for number in range(2):
-        held = ledger.place_hold(
+        held = holds.place_hold(
             account_id=account.id, amount=Decimal("0.1"), ttl_seconds=60, key_id=key_id
         )
-        ledger.settle_hold(held, cost=Decimal("0.01"), generation_id=f"g-use-{key_id}-{number}")
+        settlement.settle_hold(held, cost=Decimal("0.01"), generation_id=f"g-use-{key_id}-{number}")
         db.session.expire_all()
         used.append(db.session.get(ApiKey, key_id).last_used_at)
         db.session.commit()

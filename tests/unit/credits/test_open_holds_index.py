@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import event
 
-from app.credits import holds, ledger, statements
+from app.credits import balances, expiry
+from app.credits.sql import settlement as settlement_sql
 from app.database.driver import driver_form
 from app.extensions import db
 
@@ -35,9 +36,9 @@ def plans_of(work: Callable[[], object]) -> list[str]:
 @pytest.mark.parametrize(
     "work",
     [
-        lambda: ledger.release_expired_holds(),
-        lambda: ledger.release_expired_holds(account_id=1),
-        lambda: holds.open_holds_summary(),
+        lambda: expiry.release_expired_holds(),
+        lambda: expiry.release_expired_holds(account_id=1),
+        lambda: balances.open_holds_summary(),
     ],
     ids=["sweeper", "sweeper-for-an-account", "open-holds-gauge"],
 )
@@ -55,7 +56,7 @@ def test_a_settlement_finds_its_hold_by_its_id_whatever_is_open(app_context):
     # the one it closes.
     if db.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL plans a prepared statement once for every value")
-    settlement = statements.settlement_in_one_statement(False, False, None, False)
+    settlement = settlement_sql.settlement_in_one_statement(False, False, None, False)
     with db.engine.connect() as connection:
         form = driver_form(settlement, connection.dialect)
         connection.exec_driver_sql(f"PREPARE settlement_plan AS {form.text}")

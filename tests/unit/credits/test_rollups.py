@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 
 from app.auth.keys import find_caller
 from app.catalog.registry import current_catalog
-from app.credits import ledger
+from app.credits import holds, settlement
 from app.credits.models import NO_KEY, UsageRollup
 from app.extensions import db
 from app.generations import lifecycle
@@ -36,7 +36,7 @@ def raw_totals(account_id: int) -> dict[tuple, tuple]:
     ).all()
     totals: dict[tuple, list] = {}
     for g in generations:
-        key = (g.api_key_id or NO_KEY, g.model, ledger.hour_of(g.created_at))
+        key = (g.api_key_id or NO_KEY, g.model, settlement.hour_of(g.created_at))
         sums = totals.setdefault(key, [0, 0, 0, 0, Decimal(0), Decimal(0)])
         for index, value in enumerate(
             (1, g.prompt_tokens, g.cached_tokens, g.completion_tokens, g.cost, g.shortfall)
@@ -79,26 +79,26 @@ def test_rollups_equal_the_raw_generations_whatever_ended_them(app_context):
 
 def test_a_shortfall_and_a_keyless_charge_are_rolled_up_too(app_context):
     account = AccountFactory.create(credits=Decimal("0.001"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.0005"), ttl_seconds=60)
-    hour = ledger.hour_of(lifecycle.utcnow())
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.0005"), ttl_seconds=60)
+    hour = settlement.hour_of(lifecycle.utcnow())
 
-    charged = ledger.settle_hold(
+    charged = settlement.settle_hold(
         held,
         cost=Decimal("0.002"),
         generation_id=held.id,
-        rollup=ledger.Rollup(model="m", hour=hour, prompt_tokens=10, completion_tokens=5),
+        rollup=settlement.Rollup(model="m", hour=hour, prompt_tokens=10, completion_tokens=5),
     )
 
     assert charged == Decimal("0.001")
     assert rollups_of(account.id) == {
         (NO_KEY, "m", hour): (1, 10, 0, 5, Decimal("0.001"), Decimal("0.001"))
     }
-    again = ledger.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
-    ledger.settle_hold(
+    again = holds.place_hold(account_id=account.id, amount=Decimal("0"), ttl_seconds=60)
+    settlement.settle_hold(
         again,
         cost=Decimal("0"),
         generation_id=again.id,
-        rollup=ledger.Rollup(model="m", hour=hour, prompt_tokens=3),
+        rollup=settlement.Rollup(model="m", hour=hour, prompt_tokens=3),
     )
     assert (
         db.session.scalar(

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy
 
-from app.credits import ledger
+from app.credits import holds, settlement
 from app.database.connections import DURABLE_STATEMENTS
 from app.money import MONEY_QUANTUM
 from tests.factories import AccountFactory
@@ -24,7 +24,7 @@ def test_a_settlement_beyond_its_hold_waits_for_the_disk_with_the_account_free(
     app_context, postgres_only, monkeypatch
 ):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=60)
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.1"), ttl_seconds=60)
     durable = app_context.extensions[DURABLE_STATEMENTS]
     seen_while_waiting = []
     outside = sqlalchemy.create_engine(postgres_only, isolation_level="AUTOCOMMIT")
@@ -46,7 +46,7 @@ def test_a_settlement_beyond_its_hold_waits_for_the_disk_with_the_account_free(
 
     monkeypatch.setattr(durable, "wait_for_disk", wait_for_disk)
     try:
-        charged = ledger.settle_hold(held, cost=Decimal("0.3"), generation_id="g-unlocked")
+        charged = settlement.settle_hold(held, cost=Decimal("0.3"), generation_id="g-unlocked")
     finally:
         outside.dispose()
     assert charged == Decimal("0.3")

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from app.credits import ledger
+from app.credits import balances, expiry, holds, settlement
 from app.credits.errors import AlreadyRecorded
-from app.credits.models import Account, Hold, LedgerEntry
+from app.credits.models import OPEN, SETTLED, Account, Hold, LedgerEntry
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation
@@ -31,7 +31,7 @@ def lost_connection() -> OperationalError:
 
 @pytest.fixture(autouse=True)
 def no_pauses(monkeypatch):
-    monkeypatch.setattr(ledger, "SETTLE_RETRY_PAUSES", (0.001, 0.001))
+    monkeypatch.setattr(settlement, "SETTLE_RETRY_PAUSES", (0.001, 0.001))
 
 
 def charges_of(account_id: int) -> list[Decimal]:
@@ -53,8 +53,8 @@ def test_a_settlement_that_fails_before_committing_is_tried_until_it_commits(
     app_context, monkeypatch
 ):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
-    settle_once, failures = ledger._settle_once, []
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    settle_once, failures = settlement._settle_once, []
 
     def failing_thrice(*args):
         if len(failures) < 3:
@@ -62,12 +62,12 @@ def test_a_settlement_that_fails_before_committing_is_tried_until_it_commits(
             raise lost_connection()
         return settle_once(*args)
 
-    monkeypatch.setattr(ledger, "_settle_once", failing_thrice)
-    charged = ledger.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
+    monkeypatch.setattr(settlement, "_settle_once", failing_thrice)
+    charged = settlement.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
 
     assert charged == Decimal("0.15") and len(failures) == 3
     assert charges_of(account.id) == [Decimal("1"), Decimal("-0.15")]
-    assert hold_status(held.id) == ledger.SETTLED
+    assert hold_status(held.id) == SETTLED
     account_row = db.session.get(Account, account.id)
     assert (account_row.balance, account_row.reserved) == (Decimal("0.85"), 0)
 
@@ -76,8 +76,8 @@ def test_a_settlement_that_committed_before_its_error_is_not_charged_again(
     app_context, monkeypatch
 ):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
-    settle_once, tries = ledger._settle_once, []
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    settle_once, tries = settlement._settle_once, []
 
     def committed_then_lost(*args):
         tries.append(1)
@@ -86,8 +86,8 @@ def test_a_settlement_that_committed_before_its_error_is_not_charged_again(
             raise lost_connection()
         return charge
 
-    monkeypatch.setattr(ledger, "_settle_once", committed_then_lost)
-    charged = ledger.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
+    monkeypatch.setattr(settlement, "_settle_once", committed_then_lost)
+    charged = settlement.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
 
     assert charged == Decimal("0.15")
     assert len(tries) == 1, "the second try found the hold settled and charged nothing"
@@ -96,27 +96,27 @@ def test_a_settlement_that_committed_before_its_error_is_not_charged_again(
 
 def test_an_error_no_try_can_mend_is_raised(app_context, monkeypatch):
     account = AccountFactory.create(credits=Decimal("1"))
-    held = ledger.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
+    held = holds.place_hold(account_id=account.id, amount=Decimal("0.2"), ttl_seconds=60)
 
     def broken(*args):
         raise IntegrityError("INSERT", {}, Exception("a CHECK failed"))
 
-    monkeypatch.setattr(ledger, "_settle_once", broken)
+    monkeypatch.setattr(settlement, "_settle_once", broken)
     with pytest.raises(IntegrityError):
-        ledger.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
-    assert hold_status(held.id) == ledger.OPEN
+        settlement.settle_hold(held, cost=Decimal("0.15"), generation_id=held.id)
+    assert hold_status(held.id) == OPEN
 
 
-def released_hold(account_id: int) -> ledger.HeldCredit:
+def released_hold(account_id: int) -> balances.HeldCredit:
     """A hold released as a dead worker's is: what its late settlement finds."""
-    held = ledger.place_hold(account_id=account_id, amount=Decimal("0.2"), ttl_seconds=0)
+    held = holds.place_hold(account_id=account_id, amount=Decimal("0.2"), ttl_seconds=0)
     db.session.execute(update(Hold).where(Hold.id == held.id).values(expires_at=utcnow() - MINUTE))
     db.session.commit()
-    assert ledger.release_expired_holds(account_id=account_id) == 1
+    assert expiry.release_expired_holds(account_id=account_id) == 1
     return held
 
 
-def record_of(held: ledger.HeldCredit, created_at) -> tuple:
+def record_of(held: balances.HeldCredit, created_at) -> tuple:
     row = {
         **RECORD_DEFAULTS,
         "id": held.id,
@@ -138,7 +138,7 @@ def test_a_second_settlement_of_a_released_hold_writes_no_second_record(app_cont
     held = released_hold(account.id)
     first = utcnow()
     assert (
-        ledger.settle_hold(
+        settlement.settle_hold(
             held, cost=Decimal(0), generation_id=held.id, record=record_of(held, first)
         )
         == 0
@@ -146,7 +146,7 @@ def test_a_second_settlement_of_a_released_hold_writes_no_second_record(app_cont
 
     # Recorded at another moment: on a table partitioned by time, no key would refuse it.
     with pytest.raises(AlreadyRecorded):
-        ledger.settle_hold(
+        settlement.settle_hold(
             held, cost=Decimal(0), generation_id=held.id, record=record_of(held, first + MINUTE)
         )
     assert records_of(held.id) == [first]
@@ -157,7 +157,7 @@ def test_a_retried_settlement_of_a_released_hold_that_had_committed_returns_its_
 ):
     account = AccountFactory.create(credits=Decimal("1"))
     held = released_hold(account.id)
-    settle_once, tries = ledger._settle_once, []
+    settle_once, tries = settlement._settle_once, []
 
     def committed_then_lost(*args):
         tries.append(1)
@@ -166,9 +166,9 @@ def test_a_retried_settlement_of_a_released_hold_that_had_committed_returns_its_
             raise lost_connection()
         return charge
 
-    monkeypatch.setattr(ledger, "_settle_once", committed_then_lost)
+    monkeypatch.setattr(settlement, "_settle_once", committed_then_lost)
     created_at = utcnow()
-    charged = ledger.settle_hold(
+    charged = settlement.settle_hold(
         held, cost=Decimal("0.15"), generation_id=held.id, record=record_of(held, created_at)
     )
 

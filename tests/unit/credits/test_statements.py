@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from app.credits import statements
+from app.credits.sql import guards
+from app.credits.sql import holds as hold_sql
+from app.credits.sql import settlement as settlement_sql
 from app.database.driver import driver_form
 from app.extensions import db
 from app.generations.lifecycle import INSERT_GENERATION
@@ -39,15 +41,15 @@ SETTLEMENT_PARAMETERS = {
 
 
 def test_a_hold_binds_each_value_once_and_no_constant(app_context):
-    hold = statements.hold_in_one_statement(
-        statements.ACCOUNT_COVERS, statements.KEY_WITHIN_LIMIT, statements.MEMBER_WITHIN_BUDGET
+    hold = hold_sql.hold_in_one_statement(
+        guards.ACCOUNT_COVERS, guards.KEY_WITHIN_LIMIT, guards.MEMBER_WITHIN_BUDGET
     )
     prepared = driver_form(hold, db.engine.dialect)
     assert sorted(prepared.names) == sorted(HOLD_PARAMETERS)
 
 
 def test_the_steps_of_a_hold_bind_each_value_once(app_context):
-    on_key = statements.reserve_on_key(statements.KEY_WITHIN_LIMIT)
+    on_key = hold_sql.reserve_on_key(guards.KEY_WITHIN_LIMIT)
     form = driver_form(on_key, db.engine.dialect)
     assert len(form.names) == len(set(form.names))
     assert set(form.names) == {
@@ -64,9 +66,9 @@ def test_the_steps_of_a_hold_bind_each_value_once(app_context):
 def test_a_settlement_with_its_record_sends_the_rollups_values_once(app_context):
     recorded = tuple(INSERT_GENERATION.table.c.keys())
     record = INSERT_GENERATION, recorded
-    settlement = statements.settlement_in_one_statement(True, True, record, True)
+    settlement = settlement_sql.settlement_in_one_statement(True, True, record, True)
     names = driver_form(settlement, db.engine.dialect).names
-    assert not [name for name in names if name.startswith(statements.ROLLUP_PREFIX)]
+    assert not [name for name in names if name.startswith(settlement_sql.ROLLUP_PREFIX)]
     assert sorted(names) == sorted(
-        {statements.RECORD_PREFIX + name for name in recorded} | SETTLEMENT_PARAMETERS
+        {settlement_sql.RECORD_PREFIX + name for name in recorded} | SETTLEMENT_PARAMETERS
     )

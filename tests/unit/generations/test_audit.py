@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import insert, select, text, update
 
 from app.catalog.pricing import Pricing, cost_of
-from app.credits.ledger import Rollup, hour_of, place_hold, settle_hold
+from app.credits.holds import place_hold
 from app.credits.models import LedgerEntry, UsageRollup
+from app.credits.settlement import Rollup, hour_of, settle_hold
 from app.database import utcnow
 from app.extensions import db
 from app.generations import audit as audit_module

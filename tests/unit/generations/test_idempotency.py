@@ -12,8 +12,12 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from app.completions import views as completions_views
-from app.credits import ledger
+from app.credits.balances import HeldCredit
 from app.credits.errors import HoldVoided
+from app.credits.expiry import extend_holds, release_expired_holds, void_hold
+from app.credits.holds import place_hold
+from app.credits.models import Hold
+from app.credits.settlement import settle_hold
 from app.database import utcnow, write_transaction
 from app.extensions import db
 from app.generations import decorators
@@ -109,7 +113,7 @@ def test_a_request_still_holding_credit_is_not_run_twice_however_long_it_runs(
     generation_id = "chatcmpl-still-running"
     leave_claim(app, funded_key.account_id, "slow", generation_id, ttl(app) * 3)
     with app.app_context():
-        hold = ledger.place_hold(
+        hold = place_hold(
             account_id=funded_key.account_id,
             amount=Decimal("0.01"),
             ttl_seconds=60,
@@ -121,7 +125,7 @@ def test_a_request_still_holding_credit_is_not_run_twice_however_long_it_runs(
     assert retry.status_code == 409
     assert retry.get_json()["error"]["code"] == "idempotency_key_in_use"
     with app.app_context():
-        ledger.settle_hold(hold, cost=Decimal(0), generation_id=generation_id)
+        settle_hold(hold, cost=Decimal(0), generation_id=generation_id)
 
 
 def test_a_claim_is_not_taken_over_before_its_request_could_hold_credit(app, client, funded_key):
@@ -139,18 +143,18 @@ def test_a_request_that_died_without_charging_is_run_by_its_retry(app, client, f
     leave_claim(app, funded_key.account_id, "dead", generation_id, ttl(app) * 2)
     with app.app_context():
         if hold != "never placed":
-            held = ledger.place_hold(
+            held = place_hold(
                 account_id=funded_key.account_id,
                 amount=Decimal("0.01"),
                 ttl_seconds=60,
                 hold_id=generation_id,
             )
         if hold == "released":
-            ledger.extend_holds([held.id], ttl_seconds=-1)
-            assert ledger.release_expired_holds(account_id=funded_key.account_id) == 1
+            extend_holds([held.id], ttl_seconds=-1)
+            assert release_expired_holds(account_id=funded_key.account_id) == 1
         if hold == "failed at no cost":
             record = generation_row(generation_id, funded_key.account_id)
-            ledger.settle_hold(held, cost=Decimal(0), generation_id=generation_id, record=record)
+            settle_hold(held, cost=Decimal(0), generation_id=generation_id, record=record)
 
     retry = post(client, funded_key.key, "dead")
 
@@ -195,13 +199,13 @@ def take_over(app, client, funded_key, hold: str, name: str = "stalled") -> str:
     leave_claim(app, funded_key.account_id, "stalled", generation_id, ttl(app) * 2)
     if hold == "released":
         with app.app_context():
-            held = ledger.place_hold(
+            held = place_hold(
                 account_id=funded_key.account_id,
                 amount=Decimal("0.01"),
                 ttl_seconds=-1,
                 hold_id=generation_id,
             )
-            assert ledger.release_expired_holds(account_id=funded_key.account_id) == 1
+            assert release_expired_holds(account_id=funded_key.account_id) == 1
             assert held.id == generation_id
     retry = post(client, funded_key.key, "stalled")
     assert retry.status_code == 200, retry.get_data(as_text=True)
@@ -212,7 +216,7 @@ def test_a_request_taken_over_while_it_stalled_charges_nothing_if_it_settles(
     app, client, funded_key
 ):
     stalled = take_over(app, client, funded_key, "released")
-    hold = ledger.HeldCredit(
+    hold = HeldCredit(
         id=stalled, account_id=funded_key.account_id, amount=Decimal("0.01"), key_id=None
     )
     statement, row = generation_row(stalled, funded_key.account_id)
@@ -220,7 +224,7 @@ def test_a_request_taken_over_while_it_stalled_charges_nothing_if_it_settles(
     row.update(cached_tokens=0, reasoning_tokens=0)
 
     with app.app_context():
-        charged = ledger.settle_hold(
+        charged = settle_hold(
             hold,
             cost=Decimal("0.02"),
             generation_id=stalled,
@@ -246,7 +250,7 @@ def test_a_request_taken_over_before_it_held_credit_cannot_hold_it(
     stalled = take_over(app, client, funded_key, "never placed")
 
     with app.app_context(), pytest.raises(HoldVoided):
-        ledger.place_hold(
+        place_hold(
             account_id=funded_key.account_id,
             amount=Decimal("0.01"),
             ttl_seconds=60,
@@ -266,7 +270,7 @@ def test_a_request_taken_over_before_it_held_credit_cannot_hold_it(
 @pytest.mark.parametrize("seen", [None, "expired"])
 def test_a_hold_that_changed_since_it_was_seen_is_not_voided(app, funded_key, seen):
     with app.app_context():
-        held = ledger.place_hold(
+        held = place_hold(
             account_id=funded_key.account_id,
             amount=Decimal("0.01"),
             ttl_seconds=60,
@@ -274,16 +278,16 @@ def test_a_hold_that_changed_since_it_was_seen_is_not_voided(app, funded_key, se
         )
         if seen == "expired":
             # Seen expired, then its late settlement charged it.
-            ledger.settle_hold(held, cost=Decimal("0.01"), generation_id=held.id)
+            settle_hold(held, cost=Decimal("0.01"), generation_id=held.id)
 
         voided = write_transaction(
-            lambda connection: ledger.void_hold(
+            lambda connection: void_hold(
                 connection, hold_id=held.id, account_id=funded_key.account_id, seen=seen
             )
         )
 
         assert voided is False
-        assert db.session.get(ledger.Hold, held.id).status != "voided"
+        assert db.session.get(Hold, held.id).status != "voided"
         db.session.commit()
 
 

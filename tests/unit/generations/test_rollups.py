@@ -8,8 +8,8 @@ from decimal import Decimal
 
 from sqlalchemy import delete, insert, select, update
 
-from app.credits.ledger import hour_of
 from app.credits.models import NO_KEY, UsageRollup
+from app.credits.settlement import hour_of
 from app.database import utcnow
 from app.extensions import db
 from app.generations.models import Generation, GenerationRetention

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from sqlalchemy import select
 
-from app.credits import ledger
+from app.credits import grants, holds, settlement
 from app.credits.chain_audit import fields_of
 from app.credits.models import LedgerEntry
 from app.database import utcnow, write_transaction
@@ -28,9 +28,9 @@ spec.loader.exec_module(tool)
 
 def write_entries(account_id: int) -> None:
     """Entries of every kind, with references that need the canonical text's lengths."""
-    ledger.grant_credits(account_id=account_id, amount=Decimal("5"), idempotency_key="é|1:x")
+    grants.grant_credits(account_id=account_id, amount=Decimal("5"), idempotency_key="é|1:x")
     write_transaction(
-        lambda connection: ledger.take_back_within(
+        lambda connection: grants.take_back_within(
             connection,
             account_id=account_id,
             amount=Decimal("0.0000000001"),
@@ -38,8 +38,8 @@ def write_entries(account_id: int) -> None:
             description="refund",
         )
     )
-    held = ledger.place_hold(account_id=account_id, amount=Decimal("1"), ttl_seconds=60)
-    ledger.settle_hold(
+    held = holds.place_hold(account_id=account_id, amount=Decimal("1"), ttl_seconds=60)
+    settlement.settle_hold(
         held, cost=Decimal("0.1234567891"), generation_id=f"gen-ü|{uuid.uuid4().hex}"
     )
 
