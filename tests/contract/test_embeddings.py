@@ -471,10 +471,13 @@ def test_an_upstream_that_rejects_the_request_is_a_400_and_costs_nothing(
     assert [(g.status, g.cost) for g in generations] == [("failed", 0)]
 
 
-def test_the_ledger_audit_reprices_embeddings_and_metrics_count_them(client, gateway, runner):
+def test_the_ledger_audit_reprices_embeddings_and_metrics_count_them(
+    client, gateway, funded, runner
+):
     client.embeddings.create(model="dev-embed", input=TWO_TEXTS)
 
-    audit = runner.invoke(args=["ledger", "audit", "--full"])
+    # This account's books: other tests' rows in the database are not this test's.
+    audit = runner.invoke(args=["ledger", "audit", "--full", "--account", str(funded.account_id)])
     scrape = requests.get(
         f"{gateway.url}/metrics",
         headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
