@@ -38,9 +38,10 @@ def json_body(request: Request) -> Any:
     :raise UnsupportedMediaType: the body is declared as something other than JSON.
     :raise InvalidRequest: the body is not valid JSON.
     """
-    if request.mimetype == FORM_MIMETYPE:
+    mimetype = request.mimetype
+    if mimetype == FORM_MIMETYPE:
         body = _form_typed_json(request)
-    elif request.mimetype and not request.is_json:
+    elif mimetype and not request.is_json:
         raise UnsupportedMediaType()
     else:
         body = _declared_json(request)
