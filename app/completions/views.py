@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, g, request
+from flask import Blueprint, Response, current_app, g
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
@@ -29,7 +29,7 @@ bp = Blueprint("completions", __name__)
 def create_chat_completion() -> Response:
     """Generate a chat completion, whole or streamed, paid from the caller's credits."""
     caller = g.caller
-    chat_request = parse_chat_request(json_body(request))
+    chat_request = parse_chat_request(json_body())
     model = current_catalog().resolve(chat_request.model, may_use=caller.may_use)
     chat_request = model.with_defaults(chat_request)
     # The caller's own name for the output cap: the alias they sent, else max_tokens.
