@@ -21,14 +21,18 @@ def exact_money(amount: Decimal) -> bool:
 
 def to_money(amount: Decimal) -> Decimal:
     """Round an exact amount to the resolution balances are kept at."""
-    return amount.quantize(MONEY_QUANTUM, rounding=ROUND_HALF_UP)
+    # The rounding by position: by keyword, the C method's parsing of its arguments costs
+    # a third of the call, and every amount a request writes is rounded here.
+    return amount.quantize(MONEY_QUANTUM, ROUND_HALF_UP)
 
 
 def money_units(value: Decimal | int | None) -> int | None:
     """Return ``value`` USD as the count of MONEY_QUANTUM stored for it (rounded by to_money)."""
     if value is None:
         return None
-    return int(to_money(Decimal(value)) * UNITS_PER_USD)
+    if type(value) is not Decimal:  # a Decimal is rounded as it is, not copied first
+        value = Decimal(value)
+    return int(to_money(value) * UNITS_PER_USD)
 
 
 def usd_text(units: int) -> str:

@@ -221,16 +221,19 @@ class Limiter:
 
         :raise RateLimitExceeded: the caller is over RATE_LIMIT for this view.
         """
-        view = request.endpoint
+        # The request and the app are read once each: every use of one of Flask's
+        # proxies looks the request's context up again, which costs more than a count.
+        served, app = request._get_current_object(), current_app._get_current_object()
+        view = served.endpoint
         if view is None:  # no route: a 404 or 405 that no view serves
             return
         blueprint, _, name = view.rpartition(".")
         if name == "static" or blueprint in self._exempt_blueprints:
             return
-        view_function = current_app.view_functions[view]
-        if request.method in getattr(view_function, "rate_limited_methods", ()):
+        view_function = app.view_functions[view]
+        if served.method in getattr(view_function, "rate_limited_methods", ()):
             return
-        limits = current_app.extensions["rate_limits"]
+        limits = app.extensions["rate_limits"]
         identity = caller_identity()
         limits.enforce([(limit, identity) for limit in limits.default_limits], view)
 

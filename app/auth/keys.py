@@ -92,10 +92,12 @@ def find_caller(raw: str | None) -> Caller | None:
     value = parse_key(raw)
     if value is None:
         return None
-    cache = current_app.extensions.get(CALLER_CACHE)
+    # Read once: every use of the current_app proxy looks the app's context up again.
+    extensions = current_app._get_current_object().extensions
+    cache = extensions.get(CALLER_CACHE)
     # Behind a pooler that moves sessions (found out by the prepared statements), the
     # listener's session is not the one notified: nothing is remembered.
-    if cache is None or current_app.extensions.get(PREPARED_STATEMENTS_LOST):
+    if cache is None or extensions.get(PREPARED_STATEMENTS_LOST):
         return _look_up_caller(digest_key(value))
     return cache.find(digest_key(value), _look_up_caller)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, g, request
+from flask import Blueprint, Response, current_app, g
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import current_catalog
@@ -28,14 +28,15 @@ bp = Blueprint("completions", __name__)
 @honour_idempotency_key(new_generation_id)
 def create_chat_completion() -> Response:
     """Generate a chat completion, whole or streamed, paid from the caller's credits."""
-    chat_request = parse_chat_request(json_body(request))
-    model = current_catalog().resolve(chat_request.model, may_use=g.caller.may_use)
+    caller = g.caller
+    chat_request = parse_chat_request(json_body())
+    model = current_catalog().resolve(chat_request.model, may_use=caller.may_use)
     chat_request = model.with_defaults(chat_request)
     # The caller's own name for the output cap: the alias they sent, else max_tokens.
     field = "max_completion_tokens" if "max_completion_tokens" in chat_request.params else None
     with output_field_named(field or "max_tokens"):
         generation = start_generation(
-            caller=g.caller,
+            caller=caller,
             model=model,
             request=chat_request,
             hold_ttl_seconds=current_app.config["HOLD_TTL_SECONDS"],

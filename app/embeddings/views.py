@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, g, request
+from flask import Blueprint, Response, current_app, g
 
 from app.auth.decorators import require_api_key
 from app.catalog.registry import EMBEDDING_MODEL, current_catalog
@@ -25,7 +25,7 @@ bp = Blueprint("embeddings", __name__)
 @honour_idempotency_key(new_embedding_id)
 def create_embeddings() -> Response:
     """Embed the inputs, paid from the caller's credits at the upstream's prompt tokens."""
-    parsed = parse_embedding_request(json_body(request))
+    parsed = parse_embedding_request(json_body())
     embedding_request = parsed.request
     model = current_catalog().resolve(
         embedding_request.model, may_use=g.caller.may_use, model_type=EMBEDDING_MODEL

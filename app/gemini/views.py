@@ -99,7 +99,7 @@ def call_model(target: str) -> Response:
             ":embedContent or :batchEmbedContents.",
             param="model",
         )
-    body = json_body(request)
+    body = json_body()
     if method in EMBEDDING_METHODS:
         return embed(model_id(name), method, body)
     if method == "countTokens":

@@ -51,7 +51,7 @@ bp = Blueprint("messages", __name__)
 @honour_idempotency_key(new_message_id)
 def create_message() -> Response:
     """Answer a Messages API request, whole or streamed, paid from the caller's credits."""
-    body = json_body(request)
+    body = json_body()
     messages_request = parse_messages_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
     passed_through = bool(native_routes(model, MESSAGES))
@@ -99,7 +99,7 @@ def count_message_tokens() -> Response:
 
     On a model whose requests are passed through, that is the body as it would be sent.
     """
-    body = json_body(request)
+    body = json_body()
     messages_request = parse_count_tokens_request(body)
     model = current_catalog().resolve(messages_request.model, may_use=g.caller.may_use)
     if native_routes(model, MESSAGES):

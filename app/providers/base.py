@@ -152,7 +152,7 @@ class Completion:
     stop_sequence: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """One streamed event: choice deltas in the contract's chunk shape, or the final usage.
 
@@ -166,6 +166,7 @@ class Chunk:
     that said ``more``, yields a chunk with neither choices nor usage in its place.
 
     ``stop_sequence``, on the chunk that finishes the first choice, is as Completion's.
+    Slotted: one is made for every relayed event, and read several times over.
     """
 
     choices: list[dict[str, Any]]

@@ -76,7 +76,9 @@ class EventBuilder:
     def take_read(self, read: bytes) -> list[ServerSentEvent]:
         """Apply the lines ``read`` completes; return every event they complete."""
         buffer = self.rest + read
-        if b"\r" in buffer:
+        # find rather than ``in``, here and for every event below: bytes' ``in`` first
+        # tries its operand as an integer, raising and dropping a TypeError each time.
+        if buffer.find(b"\r") >= 0:
             lines, self.rest = split_lines(buffer)
             return self.take(lines)
         # Nearly every upstream ends its lines in LF alone, so that a blank line follows
@@ -87,7 +89,7 @@ class EventBuilder:
         self.rest = lines.pop()
         events: list[ServerSentEvent] = []
         for block in blocks:
-            if block[:6] == b"data: " and not self.data and b"\n" not in block:
+            if block[:6] == b"data: " and not self.data and block.find(b"\n") < 0:
                 data = block[6:].decode("utf-8", "replace")
                 events.append(ServerSentEvent(self.event or "message", data, True))
                 self.event = ""

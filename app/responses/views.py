@@ -55,7 +55,7 @@ MAX_PAGE, DEFAULT_PAGE = 100, 20
 @honour_idempotency_key(new_response_id)
 def create_response() -> Response:
     """Answer a Responses API request, whole or streamed, paid from the caller's credits."""
-    body = json_body(request)
+    body = json_body()
     response_request = parse_response_request(body)
     model = current_catalog().resolve(response_request.model, may_use=g.caller.may_use)
     check_output_limit(response_request, model)
