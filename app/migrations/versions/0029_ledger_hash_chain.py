@@ -10,6 +10,16 @@ time.
 The append-only triggers let an entry not yet chained be chained, once: its chain's
 columns written, none of its own changed. Everything else is still refused.
 
+The previous release goes on writing while this runs and until its processes stop, and
+knows nothing of the chain. On PostgreSQL (SQLite is served by one process, restarted
+on the new code) two triggers chain what it writes, so that nothing is left unchained:
+an entry inserted without its chain's columns locks its account's row, is given its id
+only then (an account's entries are chained in the order of their ids), and is chained
+after the account's last entry, unless that one is not chained yet (the loop below
+chains both, in order); after the statement (the previous release's settlement changes
+the account's row in the same statement), the account's head moves to it. The app never
+inserts such an entry, so neither trigger fires for it; a later revision may drop them.
+
 Revision ID: 0029
 Revises: 0028
 Create Date: 2026-11-29 09:00:00
@@ -53,6 +63,8 @@ def upgrade():
     op.add_column("ledger_entries", sa.Column("previous_hash", sa.String(64), nullable=True))
     op.add_column("ledger_entries", sa.Column("entry_hash", sa.String(64), nullable=True))
     _let_entries_be_chained_once()
+    if op.get_context().dialect.name == "postgresql":
+        _chain_what_the_previous_release_writes()
     with op.get_context().autocommit_block():
         engine = op.get_bind().engine
         with engine.connect() as connection:
@@ -85,6 +97,73 @@ def _let_entries_be_chained_once():
         "CREATE TRIGGER ledger_entries_no_update BEFORE UPDATE ON ledger_entries "
         f"WHEN NOT (OLD.entry_hash IS NULL AND {unchanged}) "
         f"BEGIN SELECT RAISE(ABORT, '{MESSAGE}'); END"
+    )
+
+
+def _sql_text_field(name):
+    return f"CASE WHEN NEW.{name} IS NULL THEN '-' ELSE length(NEW.{name}) || ':' || NEW.{name} END"
+
+
+def _chain_what_the_previous_release_writes():
+    """Chain, on PostgreSQL, each entry inserted without its chain's columns (see above)."""
+    canonical = " || '|' || ".join(
+        (
+            "'ledger-v1'",
+            "NEW.id",
+            "NEW.account_id",
+            "NEW.kind",
+            "NEW.amount",
+            "NEW.balance_after",
+            _sql_text_field("generation_id"),
+            _sql_text_field("idempotency_key"),
+            "(extract(epoch FROM NEW.created_at) * 1000000)::bigint",
+            "NEW.previous_hash",
+        )
+    )
+    op.execute(
+        f"""
+        CREATE FUNCTION ledger_entries_chain_unchained() RETURNS trigger AS $$
+        DECLARE
+            last_hash text;
+            last_balance bigint;
+        BEGIN
+            PERFORM 1 FROM accounts WHERE id = NEW.account_id FOR UPDATE;
+            NEW.id := nextval(pg_get_serial_sequence('ledger_entries', 'id'));
+            SELECT entry_hash, balance_after INTO last_hash, last_balance
+                FROM ledger_entries WHERE account_id = NEW.account_id
+                ORDER BY id DESC LIMIT 1;
+            IF FOUND AND last_hash IS NULL THEN
+                RETURN NEW;
+            END IF;
+            NEW.previous_hash := coalesce(last_hash, '{GENESIS}');
+            NEW.balance_after := coalesce(last_balance, 0) + NEW.amount;
+            NEW.entry_hash := encode(sha256(convert_to({canonical}, 'UTF8')), 'hex');
+            PERFORM set_config('ledger.chained_late', 'on', true);
+            RETURN NEW;
+        END;
+        $$ LANGUAGE plpgsql
+        """
+    )
+    op.execute(
+        "CREATE TRIGGER ledger_entries_chain_unchained BEFORE INSERT ON ledger_entries "
+        "FOR EACH ROW WHEN (NEW.entry_hash IS NULL) "
+        "EXECUTE FUNCTION ledger_entries_chain_unchained()"
+    )
+    op.execute(
+        """
+        CREATE FUNCTION ledger_entries_head_late() RETURNS trigger AS $$
+        BEGIN
+            UPDATE accounts SET ledger_head = NEW.entry_hash WHERE id = NEW.account_id;
+            RETURN NULL;
+        END;
+        $$ LANGUAGE plpgsql
+        """
+    )
+    op.execute(
+        "CREATE TRIGGER ledger_entries_head_late AFTER INSERT ON ledger_entries "
+        "FOR EACH ROW WHEN (NEW.entry_hash IS NOT NULL "
+        "AND current_setting('ledger.chained_late', true) = 'on') "
+        "EXECUTE FUNCTION ledger_entries_head_late()"
     )
 
 
@@ -167,6 +246,9 @@ def _chain_account(connection, account_id):
 
 def downgrade():
     if op.get_context().dialect.name == "postgresql":
+        for name in ("ledger_entries_chain_unchained", "ledger_entries_head_late"):
+            op.execute(f"DROP TRIGGER {name} ON ledger_entries")
+            op.execute(f"DROP FUNCTION {name}()")
         op.execute(
             f"""
             CREATE OR REPLACE FUNCTION ledger_entries_append_only() RETURNS trigger AS $$
