@@ -86,8 +86,9 @@ def fields_of(entry: Any) -> ChainedFields:
     )
 
 
-# What an entry's check reads of it: its rows, not objects the session would keep.
-_CHAINED = (
+# What an entry's check reads of it (and a statement shows of it): its rows, not objects
+# the session would keep.
+CHAINED_COLUMNS = (
     LedgerEntry.id,
     LedgerEntry.account_id,
     LedgerEntry.kind,
@@ -134,7 +135,7 @@ class _Walk:
         walked = {}
         while True:
             page = db.session.execute(
-                select(*_CHAINED)
+                select(*CHAINED_COLUMNS)
                 .where(
                     LedgerEntry.account_id == self.account_id,
                     LedgerEntry.id > (self.last_id or 0),

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from app.credits.chain import FORMAT as CHAIN_FORMAT
 from app.credits.chain import GENESIS, epoch_micros
+from app.credits.chain_audit import CHAINED_COLUMNS
 from app.credits.models import Account, LedgerEntry
 from app.extensions import db
 from app.ledger_statements.periods import Period, months_between
@@ -26,19 +27,6 @@ from app.ledger_statements.signing import current_signing_key, signed
 from app.money import UNITS_PER_USD, money_units
 
 FORMAT = "ledger-statement-v1"
-
-_ENTRY_COLUMNS = (
-    LedgerEntry.id,
-    LedgerEntry.account_id,
-    LedgerEntry.kind,
-    LedgerEntry.amount,
-    LedgerEntry.balance_after,
-    LedgerEntry.generation_id,
-    LedgerEntry.idempotency_key,
-    LedgerEntry.created_at,
-    LedgerEntry.previous_hash,
-    LedgerEntry.entry_hash,
-)
 
 
 def iso_time(moment: datetime) -> str:
@@ -130,7 +118,7 @@ def _entries(account_id: int, first: int | None, beyond: int | None) -> list[Any
     """Return the account's entries from id ``first`` up to, not including, ``beyond``."""
     if first is None:
         return []
-    query = select(*_ENTRY_COLUMNS).where(
+    query = select(*CHAINED_COLUMNS).where(
         LedgerEntry.account_id == account_id, LedgerEntry.id >= first
     )
     if beyond is not None:
